@@ -1,0 +1,21 @@
+// Native convolution: per kernel offset, gather rows -> GEMM (ATen/BLAS) -> scatter-add rows.
+// For a fixed offset every input row pairs with at most one output row and vice versa, so the
+// rows of one offset can be processed in parallel without races. Chunking is fixed (independent
+// of the thread count) and offsets are accumulated in order, so results are bitwise reproducible.
+#pragma once
+#include <ATen/ATen.h>
+
+namespace spconv {
+namespace native {
+
+// dst[scatter[p]] += src[gather[p]] @ W_k (or @ W_k^T when transpose_w) for every pair p of offset k.
+// src [n_src, c_src], weights [kvol, c_in, c_out], dst [n_dst, c_dst] zero-initialised; float/double.
+void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool transpose_w,
+                         const int32_t* gather, const int32_t* scatter, const int64_t* offsets, at::Tensor& dst);
+
+// dW[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]] over the pairs of offset k; dW [kvol, c_in, c_out].
+void gathered_weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_in,
+                          const int32_t* pair_out, const int64_t* offsets, at::Tensor& dw);
+
+}  // namespace native
+}  // namespace spconv

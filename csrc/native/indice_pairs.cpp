@@ -1,0 +1,147 @@
+#include "indice_pairs.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "hash_table.h"
+
+namespace spconv {
+namespace native {
+
+namespace {
+// Fixed row blocking: results must not depend on the thread count.
+constexpr int64_t kRowBlock = 4096;
+
+int64_t num_blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
+}  // namespace
+
+int64_t build_subm_map(const int32_t* indices, int64_t n, const ConvGeometry& g, KernelMap& map) {
+  const int nd = g.ndim;
+  const int64_t stride = 1 + nd;
+  CoordHashTable table(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t* row = indices + i * stride;
+    int32_t prev = table.insert(pack_key(row[0], row + 1, g.in_shape, nd), static_cast<int32_t>(i));
+    if (prev != i) return i;
+  }
+  map.rows_are_outputs = true;
+  map.num_out = n;
+  map.table.assign(static_cast<size_t>(n * g.kvol), -1);
+  int32_t* out = map.table.data();
+  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+    int32_t koff[kMaxDim], nb[kMaxDim];
+    for (int64_t i = begin; i < end; ++i) {
+      const int32_t* row = indices + i * stride;
+      for (int64_t k = 0; k < g.kvol; ++k) {
+        unravel_offset(k, g.ksize, nd, koff);
+        if (subm_neighbor(g, row + 1, koff, nb)) out[i * g.kvol + k] = table.find(pack_key(row[0], nb, g.in_shape, nd));
+      }
+    }
+  });
+  return -1;
+}
+
+void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bool transpose, KernelMap& map) {
+  const int nd = g.ndim;
+  const int64_t stride = 1 + nd;
+  const int64_t kvol = g.kvol;
+  // Phase 1 (parallel): candidate output keys for every (input, offset).
+  std::vector<int64_t> keys(static_cast<size_t>(n * kvol), -1);
+  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+    int32_t koff[kMaxDim], o[kMaxDim];
+    for (int64_t i = begin; i < end; ++i) {
+      const int32_t* row = indices + i * stride;
+      for (int64_t k = 0; k < kvol; ++k) {
+        unravel_offset(k, g.ksize, nd, koff);
+        bool ok = transpose ? deconv_output(g, row + 1, koff, o) : conv_output(g, row + 1, koff, o);
+        if (ok) keys[i * kvol + k] = pack_key(row[0], o, g.out_shape, nd);
+      }
+    }
+  });
+  // Phase 2 (sequential, so output rows come in first-seen order): unique the outputs.
+  CoordHashTable table(std::min<int64_t>(n * kvol, n * 8 + 16));
+  map.rows_are_outputs = false;
+  map.table.assign(static_cast<size_t>(n * kvol), -1);
+  int32_t next = 0;
+  std::vector<int64_t> out_keys;
+  out_keys.reserve(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n * kvol; ++t) {
+    int64_t key = keys[t];
+    if (key < 0) continue;
+    int32_t id = table.insert(key, next);
+    if (id == next) {
+      ++next;
+      out_keys.push_back(key);
+    }
+    map.table[t] = id;
+  }
+  // Phase 3 (parallel): decode output keys into coordinates.
+  map.num_out = next;
+  map.out_indices.resize(static_cast<size_t>(next) * stride);
+  int32_t* oi = map.out_indices.data();
+  at::parallel_for(0, next, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      int64_t key = out_keys[r];
+      for (int d = nd - 1; d >= 0; --d) {
+        oi[r * stride + 1 + d] = static_cast<int32_t>(key % g.out_shape[d]);
+        key /= g.out_shape[d];
+      }
+      oi[r * stride] = static_cast<int32_t>(key);
+    }
+  });
+}
+
+std::vector<int64_t> count_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, int64_t* pair_offsets) {
+  const int64_t nb = num_blocks(num_rows);
+  std::vector<int64_t> counts(static_cast<size_t>(nb * kvol), 0);
+  const int32_t* t = map.table.data();
+  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t* c = counts.data() + b * kvol;
+      for (int64_t r = b * kRowBlock; r < std::min(num_rows, (b + 1) * kRowBlock); ++r)
+        for (int64_t k = 0; k < kvol; ++k) c[k] += t[r * kvol + k] >= 0;
+    }
+  });
+  pair_offsets[0] = 0;
+  for (int64_t k = 0; k < kvol; ++k) {
+    int64_t s = 0;
+    for (int64_t b = 0; b < nb; ++b) s += counts[b * kvol + k];
+    pair_offsets[k + 1] = pair_offsets[k] + s;
+  }
+  return counts;
+}
+
+void compact_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, const int64_t* pair_offsets,
+                   std::vector<int64_t> block_counts, int32_t* pair_in, int32_t* pair_out) {
+  const int64_t nb = num_blocks(num_rows);
+  const int32_t* t = map.table.data();
+  // Turn the counts into the start of each (block, offset) run: offsets[k] + pairs of earlier blocks at k.
+  std::vector<int64_t>& start = block_counts;
+  for (int64_t k = 0; k < kvol; ++k) {
+    int64_t pos = pair_offsets[k];
+    for (int64_t b = 0; b < nb; ++b) {
+      int64_t c = start[b * kvol + k];
+      start[b * kvol + k] = pos;
+      pos += c;
+    }
+  }
+  int32_t* rows_dst = map.rows_are_outputs ? pair_out : pair_in;
+  int32_t* partner_dst = map.rows_are_outputs ? pair_in : pair_out;
+  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t* pos = start.data() + b * kvol;
+      for (int64_t r = b * kRowBlock; r < std::min(num_rows, (b + 1) * kRowBlock); ++r)
+        for (int64_t k = 0; k < kvol; ++k) {
+          int32_t p = t[r * kvol + k];
+          if (p < 0) continue;
+          rows_dst[pos[k]] = static_cast<int32_t>(r);
+          partner_dst[pos[k]] = p;
+          ++pos[k];
+        }
+    }
+  });
+}
+
+}  // namespace native
+}  // namespace spconv

@@ -1,0 +1,108 @@
+#include "checks.h"
+
+#include <ATen/Parallel.h>
+
+#include <atomic>
+
+namespace spconv {
+namespace ops {
+
+void check_indices(const at::Tensor& indices, int64_t ndim) {
+  TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt, "indices must be int32, got ", indices.scalar_type());
+  TORCH_CHECK_VALUE(indices.dim() == 2 && indices.size(1) == ndim + 1, "indices must have shape [N, ", ndim + 1,
+                    "] (batch then ", ndim, " coordinates) to match spatial_shape, got ", indices.sizes());
+}
+
+static void check_list(at::IntArrayRef v, int64_t ndim, const char* name, int64_t min_value) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(v.size()) == ndim, name, " must have ", ndim, " entries, got ", v);
+  for (int64_t x : v) TORCH_CHECK_VALUE(x >= min_value, name, " entries must be >= ", min_value, ", got ", v);
+}
+
+ConvGeometry make_geometry(int64_t ndim, at::IntArrayRef spatial_shape, at::IntArrayRef out_shape,
+                           at::IntArrayRef ksize, at::IntArrayRef stride, at::IntArrayRef padding,
+                           at::IntArrayRef dilation) {
+  TORCH_CHECK_VALUE(ndim >= 1 && ndim <= kMaxDim, "spatial_shape must have 1 to ", kMaxDim, " entries, got ", ndim);
+  check_list(spatial_shape, ndim, "spatial_shape", 1);
+  check_list(out_shape, ndim, "out_shape", 0);
+  check_list(ksize, ndim, "kernel_size", 1);
+  check_list(stride, ndim, "stride", 1);
+  check_list(padding, ndim, "padding", 0);
+  check_list(dilation, ndim, "dilation", 1);
+  ConvGeometry g{};
+  g.ndim = static_cast<int>(ndim);
+  g.kvol = 1;
+  for (int64_t d = 0; d < ndim; ++d) {
+    TORCH_CHECK_VALUE(spatial_shape[d] < (int64_t{1} << 31) && out_shape[d] < (int64_t{1} << 31),
+                      "spatial_shape entries must fit in int32");
+    g.in_shape[d] = static_cast<int32_t>(spatial_shape[d]);
+    g.out_shape[d] = static_cast<int32_t>(out_shape[d]);
+    g.ksize[d] = static_cast<int32_t>(ksize[d]);
+    g.stride[d] = static_cast<int32_t>(stride[d]);
+    g.padding[d] = static_cast<int32_t>(padding[d]);
+    g.dilation[d] = static_cast<int32_t>(dilation[d]);
+    g.kvol *= ksize[d];
+  }
+  return g;
+}
+
+void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const ConvGeometry& g) {
+  TORCH_CHECK_VALUE(batch_size >= 1, "batch_size must be >= 1, got ", batch_size);
+  const int64_t n = indices_cpu.size(0), w = indices_cpu.size(1);
+  const int32_t* p = indices_cpu.const_data_ptr<int32_t>();
+  std::atomic<int64_t> bad{n};
+  at::parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int32_t* r = p + i * w;
+      bool ok = r[0] >= 0 && r[0] < batch_size;
+      for (int d = 0; d < g.ndim; ++d) ok = ok && r[1 + d] >= 0 && r[1 + d] < g.in_shape[d];
+      if (!ok) {
+        int64_t cur = bad.load();
+        while (i < cur && !bad.compare_exchange_weak(cur, i)) {
+        }
+        return;
+      }
+    }
+  });
+  const int64_t i = bad.load();
+  if (i < n) {
+    std::vector<int64_t> row(p + i * w, p + (i + 1) * w);
+    TORCH_CHECK_VALUE(p[i * w] >= 0 && p[i * w] < batch_size, "indices row ", i, " = ", row,
+                      " has a batch index outside [0, batch_size=", batch_size, ")");
+    TORCH_CHECK_VALUE(false, "indices row ", i, " = ", row, " has a coordinate outside spatial_shape ",
+                      std::vector<int32_t>(g.in_shape, g.in_shape + g.ndim));
+  }
+}
+
+void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                 const at::Tensor& features) {
+  TORCH_CHECK_TYPE(pair_in.scalar_type() == at::kInt && pair_out.scalar_type() == at::kInt,
+                   "pair_in and pair_out must be int32");
+  TORCH_CHECK_TYPE(pair_offsets.scalar_type() == at::kLong, "pair_offsets must be int64");
+  TORCH_CHECK_VALUE(pair_in.dim() == 1 && pair_out.dim() == 1 && pair_in.size(0) == pair_out.size(0),
+                    "pair_in and pair_out must be 1-D of equal length");
+  TORCH_CHECK_VALUE(pair_offsets.dim() == 1 && pair_offsets.size(0) >= 2, "pair_offsets must be 1-D [kvol + 1]");
+  TORCH_CHECK_VALUE(pair_in.device() == features.device() && pair_out.device() == features.device() &&
+                        pair_offsets.device() == features.device(),
+                    "kernel map tensors must be on the features' device ", features.device());
+}
+
+void check_features(const at::Tensor& features, const char* name) {
+  TORCH_CHECK_VALUE(features.dim() == 2, name, " must be 2-D [N, C], got ", features.sizes());
+  auto t = features.scalar_type();
+  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, name,
+                   " must be float32, float64, float16 or bfloat16, got ", t);
+}
+
+void check_filters(const at::Tensor& filters, const at::Tensor& features, int64_t kvol) {
+  TORCH_CHECK_VALUE(filters.dim() == 3 && filters.size(0) == kvol, "filters must be [kvol=", kvol,
+                    ", Cin, Cout], got ", filters.sizes());
+  TORCH_CHECK_VALUE(filters.size(1) == features.size(1), "filters expect ", filters.size(1),
+                    " input channels but features have ", features.size(1));
+  TORCH_CHECK_TYPE(filters.scalar_type() == features.scalar_type(), "filters dtype ", filters.scalar_type(),
+                   " differs from features dtype ", features.scalar_type());
+  TORCH_CHECK_VALUE(filters.device() == features.device(), "filters are on ", filters.device(),
+                    " but features on ", features.device());
+}
+
+}  // namespace ops
+}  // namespace spconv

@@ -1,0 +1,32 @@
+// Argument checks shared by every backend's glue: run once per op call, before any kernel.
+// Messages name the argument so the Python exception says what to fix.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "spconv/coords.h"
+
+namespace spconv {
+namespace ops {
+
+void check_indices(const at::Tensor& indices, int64_t ndim);
+
+// Builds the geometry, checking each list has ndim positive entries.
+ConvGeometry make_geometry(int64_t ndim, at::IntArrayRef spatial_shape, at::IntArrayRef out_shape,
+                           at::IntArrayRef ksize, at::IntArrayRef stride, at::IntArrayRef padding,
+                           at::IntArrayRef dilation);
+
+// Every coordinate inside spatial_shape and every batch index in [0, batch_size): runs on the CPU
+// copy of the indices (the GPU glue passes one).
+void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const ConvGeometry& g);
+
+void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                 const at::Tensor& features);
+
+void check_features(const at::Tensor& features, const char* name);
+
+void check_filters(const at::Tensor& filters, const at::Tensor& features, int64_t kvol);
+
+}  // namespace ops
+}  // namespace spconv

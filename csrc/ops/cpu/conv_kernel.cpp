@@ -1,0 +1,63 @@
+// CPU implementation of the native convolution route (forward, dinput, dfilter).
+// FP16/BF16 are computed in FP32 and returned in their dtype; FP32 and FP64 compute natively.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "../checks.h"
+#include "../../native/gather_gemm_scatter.h"
+
+namespace spconv {
+namespace ops {
+namespace {
+
+at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+at::Tensor indice_conv_cpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& pair_in,
+                           const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out) {
+  check_features(features, "features");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  check_filters(filters, features, pair_offsets.size(0) - 1);
+  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+  const auto ct = compute_type(features.scalar_type());
+  at::Tensor x = features.to(ct).contiguous();
+  at::Tensor w = filters.to(ct).contiguous();
+  at::Tensor out = at::zeros({num_out, filters.size(2)}, x.options());
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
+  native::gather_gemm_scatter(x, w, /*transpose_w=*/false, pin.const_data_ptr<int32_t>(),
+                              pout.const_data_ptr<int32_t>(), po.const_data_ptr<int64_t>(), out);
+  return out.to(features.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor> indice_conv_backward_cpu(const at::Tensor& features, const at::Tensor& filters,
+                                                            const at::Tensor& out_grad, const at::Tensor& pair_in,
+                                                            const at::Tensor& pair_out,
+                                                            const at::Tensor& pair_offsets) {
+  check_features(features, "features");
+  check_features(out_grad, "out_grad");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  check_filters(filters, features, pair_offsets.size(0) - 1);
+  TORCH_CHECK_VALUE(out_grad.size(1) == filters.size(2), "out_grad has ", out_grad.size(1),
+                    " channels but filters produce ", filters.size(2));
+  const auto ct = compute_type(features.scalar_type());
+  at::Tensor x = features.to(ct).contiguous();
+  at::Tensor w = filters.to(ct).contiguous();
+  at::Tensor dy = out_grad.to(ct).contiguous();
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
+  at::Tensor dx = at::zeros_like(x);
+  native::gather_gemm_scatter(dy, w, /*transpose_w=*/true, pout.const_data_ptr<int32_t>(),
+                              pin.const_data_ptr<int32_t>(), po.const_data_ptr<int64_t>(), dx);
+  at::Tensor dw = at::empty_like(w);
+  native::gathered_weight_grad(x, dy, pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                               po.const_data_ptr<int64_t>(), dw);
+  return {dx.to(features.scalar_type()), dw.to(filters.scalar_type())};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(spconv, CPU, m) {
+  m.impl("indice_conv", &indice_conv_cpu);
+  m.impl("indice_conv_backward", &indice_conv_backward_cpu);
+}
+
+}  // namespace ops
+}  // namespace spconv

@@ -1,0 +1,84 @@
+"""Builds spconv._C_hip: the native C++ route always, plus the GPU kernels when torch is a CUDA or ROCm build.
+
+Environment:
+  ROCM_PATH (default /opt/dtk), CUDA_HOME      GPU toolchains
+  SPCONV_HIP_ARCHS or PYTORCH_ROCM_ARCH         AMD/Hygon targets, e.g. "gfx906;gfx90a"
+  TORCH_CUDA_ARCH_LIST                          NVIDIA targets, e.g. "8.0;9.0"
+  SPCONV_CPU_ONLY=1                             skip the GPU kernels even with a GPU torch
+"""
+import glob
+import os
+import sys
+
+from setuptools import find_packages, setup
+
+import torch
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+VERSION = open(os.path.join(ROOT, "spconv", "_version.py")).read().split("\"")[1]
+
+
+def sources(pattern):
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def gpu_backend():
+    if os.environ.get("SPCONV_CPU_ONLY") == "1":
+        return "none"
+    if torch.version.hip is not None:
+        return "hip"
+    if torch.version.cuda is not None:
+        return "cuda"
+    return "none"
+
+
+backend = gpu_backend()
+cxx_flags = ["-O3", "-g0", "-std=c++17", "-fopenmp", "-fvisibility=hidden"]
+macros = [("SPCONV_TORCH_VERSION", '"%s"' % torch.__version__)]
+ext_sources = sources("csrc/module.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/ops/cpu/*.cpp") + sources(
+    "csrc/native/*.cpp")
+ext_kwargs = dict(extra_link_args=["-fopenmp"], libraries=[], library_dirs=[], extra_objects=[])
+cmdclass = {}
+
+if backend == "none":
+    print("spconv: torch %s has no CUDA/ROCm; building the CPU-only extension" % torch.__version__)
+    macros += [("SPCONV_GPU_BACKEND", '"none"'), ("SPCONV_GPU_ARCHS", '""')]
+    build_ext_cls = BuildExtension
+else:
+    import gpu_build  # tools/gpu_build.py: compiles csrc/hip with nvcc or hipcc
+
+    gpu = gpu_build.configure(backend, ROOT)
+    print("spconv: building GPU kernels with %s for %s" % (gpu.compiler, gpu.archs))
+    macros += [("SPCONV_GPU_BACKEND", '"%s"' % backend), ("SPCONV_GPU_ARCHS", '"%s"' % gpu.archs),
+               ("SPCONV_WITH_GPU", "1")]
+    macros += gpu.define_macros
+    ext_sources += sources("csrc/ops/gpu/*.cpp")
+    ext_kwargs["libraries"] += gpu.libraries
+    ext_kwargs["library_dirs"] += gpu.library_dirs
+    ext_kwargs["extra_link_args"] += gpu.extra_link_args
+    cxx_flags += gpu.cxx_flags
+    build_ext_cls = gpu_build.build_ext_with_gpu(BuildExtension, gpu)
+
+ext = CppExtension(
+    "spconv._C_hip",
+    ext_sources,
+    include_dirs=[os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")],
+    define_macros=macros,
+    extra_compile_args={"cxx": cxx_flags},
+    **ext_kwargs,
+)
+
+setup(
+    name="spconv-hip",
+    version=VERSION,
+    description="Sparse convolution for PyTorch (spconv 2.x API) with HIP GPU kernels and a native C++ route",
+    packages=find_packages(include=["spconv", "spconv.*"]),
+    ext_modules=[ext],
+    cmdclass={"build_ext": build_ext_cls},
+    python_requires=">=3.9",
+    install_requires=["numpy"],
+    extras_require={"bench": ["tqdm", "matplotlib"], "test": ["pytest", "hypothesis"]},
+)

@@ -1,0 +1,7 @@
+"""spconv: sparse convolution for PyTorch with the spconv 2.x API (``import spconv.pytorch as spconv``)."""
+from spconv._version import __version__
+from spconv import constants
+from spconv.core import ConvAlgo
+from spconv._backend import build_info
+
+__all__ = ["__version__", "constants", "ConvAlgo", "build_info"]

@@ -1,0 +1,346 @@
+"""Sparse convolution modules (spconv 2.x: ``spconv.pytorch.conv``).
+
+Weights are ``[Cout, *kernel_size, Cin]`` and biases ``[Cout]`` with spconv 2.x's parameter names, so spconv 2.x
+checkpoints load unchanged. Routes: kernel volume 1 is one GEMM (``features @ weight.view(Cin, Cout)``, a
+reinterpretation exactly as spconv 2.x does it); GPU tensors take the fused gather-GEMM-scatter route where
+eligible; everything else takes the native gather -> GEMM -> scatter route.
+"""
+import math
+from typing import List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn import init
+from torch.nn.parameter import Parameter
+
+from spconv.core import Activation, ConvAlgo
+from spconv.pytorch import ops
+from spconv.pytorch.core import IndiceData, SparseConvTensor, expand_nd
+from spconv.pytorch.functional import conv_features, weight_to_filters
+from spconv.pytorch.modules import SparseModule
+
+IntOrSeq = Union[int, List[int], Tuple[int, ...]]
+
+
+def _activation_name(act_type) -> str:
+    """Accepts spconv.core.Activation, cumm's tv.gemm.Activation or a string."""
+    name = act_type if isinstance(act_type, str) else getattr(act_type, "name", str(act_type))
+    name = name.split(".")[-1]
+    if name in ("None_", "None", "none", "Identity"):
+        return "None_"
+    if name not in ("ReLU", "Sigmoid", "LeakyReLU"):
+        raise ValueError(f"act_type must be one of None_, ReLU, Sigmoid, LeakyReLU, got {act_type!r}")
+    return name
+
+
+def apply_activation(x: torch.Tensor, act: str, alpha: float) -> torch.Tensor:
+    if act == "ReLU":
+        return F.relu(x)
+    if act == "Sigmoid":
+        return torch.sigmoid(x)
+    if act == "LeakyReLU":
+        return F.leaky_relu(x, alpha)
+    return x
+
+
+class SparseConvolution(SparseModule):
+    __constants__ = ["stride", "padding", "dilation", "groups", "bias", "subm", "inverse", "transposed",
+                     "output_padding"]
+
+    def __init__(self, ndim: int, in_channels: int, out_channels: int, kernel_size: IntOrSeq = 3,
+                 stride: IntOrSeq = 1, padding: IntOrSeq = 0, dilation: IntOrSeq = 1, groups: int = 1,
+                 bias: bool = True, subm: bool = False, output_padding: IntOrSeq = 0, transposed: bool = False,
+                 inverse: bool = False, indice_key: Optional[str] = None, algo: Optional[ConvAlgo] = None,
+                 fp32_accum: Optional[bool] = None, record_voxel_count: bool = False,
+                 act_type=Activation.None_, act_alpha: float = 0, act_beta: float = 0,
+                 large_kernel_fast_algo: bool = False, name: Optional[str] = None):
+        super().__init__(name=name)
+        if groups != 1:
+            raise ValueError(f"groups must be 1 (as in spconv 2.x), got {groups}")
+        if not 1 <= ndim <= 4:
+            raise ValueError(f"ndim must be 1..4, got {ndim}")
+        if int(in_channels) <= 0 or int(out_channels) <= 0:
+            raise ValueError(f"in_channels and out_channels must be positive, got {in_channels}, {out_channels}")
+        self.ndim = ndim
+        self.in_channels = int(in_channels)
+        self.out_channels = int(out_channels)
+        self.kernel_size = expand_nd(ndim, kernel_size, "kernel_size")
+        self.stride = expand_nd(ndim, stride, "stride")
+        self.padding = expand_nd(ndim, padding, "padding")
+        self.dilation = expand_nd(ndim, dilation, "dilation")
+        self.output_padding = expand_nd(ndim, output_padding, "output_padding")
+        for name_, vals, low in (("kernel_size", self.kernel_size, 1), ("stride", self.stride, 1),
+                                 ("dilation", self.dilation, 1), ("padding", self.padding, 0),
+                                 ("output_padding", self.output_padding, 0)):
+            if any(v < low for v in vals):
+                raise ValueError(f"{name_} entries must be >= {low}, got {vals}")
+        kv = int(np.prod(self.kernel_size))
+        self.conv1x1 = kv == 1
+        if not subm:
+            self.conv1x1 &= int(np.prod(self.stride)) == 1
+            if self.conv1x1 and any(self.padding):
+                raise ValueError("padding must be zero for a 1x1 conv (kernel 1, stride 1), as in spconv 2.x")
+        self.transposed = transposed
+        self.inverse = inverse
+        self.groups = groups
+        self.subm = subm
+        self.indice_key = indice_key
+        self.record_voxel_count = record_voxel_count
+        self.algo = ConvAlgo.MaskImplicitGemm if algo is None else algo
+        self.fp32_accum = fp32_accum
+        self.large_kernel_fast_algo = large_kernel_fast_algo
+        self.act_type = act_type
+        self._act = _activation_name(act_type)
+        self.act_alpha = act_alpha
+        self.act_beta = act_beta
+        if self.conv1x1 and self._act != "None_":
+            raise ValueError("a 1x1 conv doesn't take a fused activation (as in spconv 2.x)")
+        self.weight_shape = [self.out_channels, *self.kernel_size, self.in_channels]
+        self.weight = Parameter(torch.zeros(*self.weight_shape))
+        if bias:
+            self.bias = Parameter(torch.zeros(self.out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # kaiming_uniform_(a=sqrt(5)) on the KRSC layout: bound = 1 / sqrt(fan_in), fan_in = Cin * kvol.
+        fan_in = self.in_channels * int(np.prod(self.kernel_size))
+        bound = 1.0 / math.sqrt(fan_in)
+        init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            init.uniform_(self.bias, -bound, bound)
+
+    def is_inverseable(self) -> bool:
+        return self.indice_key is not None and not self.subm
+
+    def extra_repr(self):
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+             f"padding={self.padding}, dilation={self.dilation}")
+        if self.subm:
+            s += ", subm=True"
+        if self.transposed:
+            s += f", transposed=True, output_padding={self.output_padding}"
+        if self.inverse:
+            s += ", inverse=True"
+        if self.indice_key is not None:
+            s += f", indice_key={self.indice_key!r}"
+        if self.bias is None:
+            s += ", bias=False"
+        return s
+
+    def _out_spatial_shape(self, spatial_shape: List[int]) -> List[int]:
+        if self.subm or self.inverse:  # an inverse conv takes its shape from the stored map
+            return list(spatial_shape)
+        if self.transposed:
+            return ops.get_deconv_output_size(spatial_shape, self.kernel_size, self.stride, self.padding,
+                                              self.dilation, self.output_padding)
+        return ops.get_conv_output_size(spatial_shape, self.kernel_size, self.stride, self.padding, self.dilation)
+
+    def _finish(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if bias is not None:
+            x = x + bias
+        return apply_activation(x, self._act, self.act_alpha)
+
+    def forward(self, input: SparseConvTensor) -> SparseConvTensor:
+        if not isinstance(input, SparseConvTensor):
+            raise TypeError(f"{type(self).__name__} expects a SparseConvTensor, got {type(input).__name__}")
+        features = input.features
+        if features.shape[1] != self.in_channels:
+            raise ValueError(f"channel size mismatch: {type(self).__name__} expects {self.in_channels} input "
+                             f"channels, features have {features.shape[1]}")
+        if len(input.spatial_shape) != self.ndim:
+            raise ValueError(f"{type(self).__name__} is {self.ndim}-D but the input's spatial_shape is "
+                             f"{input.spatial_shape}")
+        weight, bias = self.weight, self.bias
+        device_type = features.device.type
+        if torch.is_autocast_enabled(device_type):
+            # spconv 2.x casts conv inputs to the autocast dtype (FP16 on GPU); on CPU that dtype is BF16.
+            dtype = torch.get_autocast_dtype(device_type)
+            features, weight = features.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        elif weight.dtype != features.dtype:
+            raise TypeError(f"features dtype {features.dtype} differs from the weight dtype {weight.dtype}")
+        spatial_shape = input.spatial_shape
+        out_spatial_shape = self._out_spatial_shape(spatial_shape)
+
+        if self.conv1x1:
+            out = torch.mm(features, weight.view(self.in_channels, self.out_channels))
+            return input.with_structure(self._finish(out, bias), input.indices, out_spatial_shape,
+                                        input.indice_dict)
+
+        indice_dict = input.indice_dict.copy()
+        datas = input.find_indice_pair(self.indice_key)
+        if self.inverse:
+            if self.indice_key is None:
+                raise ValueError(f"{type(self).__name__} needs the indice_key of the conv it inverts")
+            if datas is None:
+                raise ValueError(f"{type(self).__name__}: no kernel map stored under indice_key "
+                                 f"{self.indice_key!r}; run the SparseConv/SparseMaxPool with that key first")
+            if datas.is_subm:
+                raise ValueError(f"indice_key {self.indice_key!r} holds a submanifold conv's map; an inverse conv "
+                                 "undoes a regular conv or a max-pool")
+            self._check_inverse_reuse_valid(input, datas)
+            outids = datas.indices
+            maps = datas.maps.reversed()
+            out_spatial_shape = datas.spatial_shape
+        elif datas is not None:
+            if not (self.subm and datas.is_subm):
+                raise ValueError(f"indice_key {self.indice_key!r} already exists in this tensor; only submanifold "
+                                 "convs at the same resolution may share a key")
+            self._check_subm_reuse_valid(input, datas)
+            outids = datas.out_indices
+            maps = datas.maps
+        else:
+            outids, maps = ops.build_kernel_map(input.indices, input.batch_size, spatial_shape, out_spatial_shape,
+                                                self.kernel_size, self.stride, self.padding, self.dilation,
+                                                self.subm, self.transposed)
+            if self.indice_key is not None:
+                indice_dict[self.indice_key] = IndiceData(
+                    outids, input.indices, maps, spatial_shape, out_spatial_shape, is_subm=self.subm,
+                    algo=self.algo, ksize=self.kernel_size, stride=self.stride, dilation=self.dilation,
+                    padding=self.padding)
+        out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
+        return input.with_structure(self._finish(out, bias), outids, out_spatial_shape, indice_dict)
+
+    def _check_subm_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
+        key = self.indice_key
+        if self.kernel_size != datas.ksize:
+            raise ValueError(f"subm layers sharing indice_key {key!r} must have the same kernel_size: stored "
+                             f"{datas.ksize}, this layer {self.kernel_size}")
+        if self.dilation != datas.dilation:
+            raise ValueError(f"subm layers sharing indice_key {key!r} must have the same dilation: stored "
+                             f"{datas.dilation}, this layer {self.dilation}")
+        if inp.spatial_shape != datas.spatial_shape:
+            raise ValueError(f"subm layers sharing indice_key {key!r} must see the same spatial_shape: stored "
+                             f"{datas.spatial_shape}, input {inp.spatial_shape}")
+        if inp.indices.shape[0] != datas.indices.shape[0]:
+            raise ValueError(f"subm layers sharing indice_key {key!r} must see the same voxels: stored "
+                             f"{datas.indices.shape[0]}, input {inp.indices.shape[0]}")
+
+    def _check_inverse_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
+        key = self.indice_key
+        if self.kernel_size != datas.ksize:
+            raise ValueError(f"inverse conv with indice_key {key!r} must have the kernel_size of the conv it "
+                             f"inverts: expected {datas.ksize}, this layer {self.kernel_size}")
+        if inp.spatial_shape != datas.out_spatial_shape:
+            raise ValueError(f"inverse conv with indice_key {key!r} expects spatial_shape "
+                             f"{datas.out_spatial_shape} (the inverted conv's output), input {inp.spatial_shape}")
+        if inp.indices.shape[0] != datas.out_indices.shape[0]:
+            raise ValueError(f"inverse conv with indice_key {key!r} expects {datas.out_indices.shape[0]} voxels "
+                             f"(the inverted conv's output), input has {inp.indices.shape[0]}")
+
+
+class _SubMConvNd(SparseConvolution):
+    _NDIM = 0
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 indice_key=None, algo=None, fp32_accum=None, record_voxel_count=False,
+                 large_kernel_fast_algo=False, name=None, act_type=Activation.None_, act_alpha=0, act_beta=0):
+        super().__init__(self._NDIM, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         subm=True, indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
+                         record_voxel_count=record_voxel_count, act_type=act_type, act_alpha=act_alpha,
+                         act_beta=act_beta, large_kernel_fast_algo=large_kernel_fast_algo, name=name)
+
+
+class _SparseConvNd(SparseConvolution):
+    _NDIM = 0
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 indice_key=None, algo=None, fp32_accum=None, record_voxel_count=False,
+                 large_kernel_fast_algo=False, name=None, act_type=Activation.None_, act_alpha=0, act_beta=0):
+        super().__init__(self._NDIM, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
+                         record_voxel_count=record_voxel_count, act_type=act_type, act_alpha=act_alpha,
+                         act_beta=act_beta, large_kernel_fast_algo=large_kernel_fast_algo, name=name)
+
+
+class _SparseConvTransposeNd(SparseConvolution):
+    _NDIM = 0
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 indice_key=None, algo=None, fp32_accum=None, record_voxel_count=False,
+                 large_kernel_fast_algo=False, name=None, output_padding=0, act_type=Activation.None_, act_alpha=0,
+                 act_beta=0):
+        super().__init__(self._NDIM, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         output_padding=output_padding, transposed=True, indice_key=indice_key, algo=algo,
+                         fp32_accum=fp32_accum, record_voxel_count=record_voxel_count, act_type=act_type,
+                         act_alpha=act_alpha, act_beta=act_beta, large_kernel_fast_algo=large_kernel_fast_algo,
+                         name=name)
+
+
+class _SparseInverseConvNd(SparseConvolution):
+    _NDIM = 0
+
+    def __init__(self, in_channels, out_channels, kernel_size, indice_key, bias=True, algo=None, fp32_accum=None,
+                 large_kernel_fast_algo=False, name=None, act_type=Activation.None_, act_alpha=0, act_beta=0):
+        super().__init__(self._NDIM, in_channels, out_channels, kernel_size, bias=bias, inverse=True,
+                         indice_key=indice_key, algo=algo, fp32_accum=fp32_accum, act_type=act_type,
+                         act_alpha=act_alpha, act_beta=act_beta, large_kernel_fast_algo=large_kernel_fast_algo,
+                         name=name)
+
+
+class SubMConv1d(_SubMConvNd):
+    _NDIM = 1
+
+
+class SubMConv2d(_SubMConvNd):
+    _NDIM = 2
+
+
+class SubMConv3d(_SubMConvNd):
+    _NDIM = 3
+
+
+class SubMConv4d(_SubMConvNd):
+    _NDIM = 4
+
+
+class SparseConv1d(_SparseConvNd):
+    _NDIM = 1
+
+
+class SparseConv2d(_SparseConvNd):
+    _NDIM = 2
+
+
+class SparseConv3d(_SparseConvNd):
+    _NDIM = 3
+
+
+class SparseConv4d(_SparseConvNd):
+    _NDIM = 4
+
+
+class SparseConvTranspose1d(_SparseConvTransposeNd):
+    _NDIM = 1
+
+
+class SparseConvTranspose2d(_SparseConvTransposeNd):
+    _NDIM = 2
+
+
+class SparseConvTranspose3d(_SparseConvTransposeNd):
+    _NDIM = 3
+
+
+class SparseConvTranspose4d(_SparseConvTransposeNd):
+    _NDIM = 4
+
+
+class SparseInverseConv1d(_SparseInverseConvNd):
+    _NDIM = 1
+
+
+class SparseInverseConv2d(_SparseInverseConvNd):
+    _NDIM = 2
+
+
+class SparseInverseConv3d(_SparseInverseConvNd):
+    _NDIM = 3
+
+
+class SparseInverseConv4d(_SparseInverseConvNd):
+    _NDIM = 4

@@ -1,0 +1,258 @@
+"""SparseConvTensor and the kernel-map records stored in its ``indice_dict`` (spconv 2.x: ``spconv.pytorch.core``)."""
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+import torch
+
+from spconv.core import ConvAlgo
+
+
+def expand_nd(ndim: int, val: Union[int, List[int], tuple], name: str = "value") -> List[int]:
+    """An int or a sequence of ``ndim`` ints -> a list of ``ndim`` ints."""
+    if isinstance(val, (int, np.integer)):
+        return [int(val)] * ndim
+    val = [int(v) for v in val]
+    if len(val) != ndim:
+        raise ValueError(f"{name} must be an int or have {ndim} entries, got {val}")
+    return val
+
+
+class PairMaps:
+    """The kernel map of one layer: per kernel offset, the (input row, output row) pairs.
+
+    ``pair_in[p]`` feeds ``pair_out[p]`` through offset ``k`` for ``pair_offsets[k] <= p < pair_offsets[k+1]``.
+    ``cache`` holds tables derived from it (the fused route's neighbour tables), shared by every layer
+    that reuses the map through an ``indice_key``.
+    """
+
+    def __init__(self, pair_in: torch.Tensor, pair_out: torch.Tensor, pair_offsets: torch.Tensor, num_in: int,
+                 num_out: int):
+        self.pair_in = pair_in
+        self.pair_out = pair_out
+        self.pair_offsets = pair_offsets
+        self.num_in = int(num_in)
+        self.num_out = int(num_out)
+        self.cache: Dict[str, Any] = {}
+        self._reversed: Optional["PairMaps"] = None
+
+    @property
+    def kernel_volume(self) -> int:
+        return self.pair_offsets.shape[0] - 1
+
+    def reversed(self) -> "PairMaps":
+        """The same pairs with inputs and outputs swapped (inverse convolution), cached."""
+        if self._reversed is None:
+            rev = PairMaps(self.pair_out, self.pair_in, self.pair_offsets, self.num_out, self.num_in)
+            rev._reversed = self
+            self._reversed = rev
+        return self._reversed
+
+    def to(self, device: torch.device) -> "PairMaps":
+        if self.pair_in.device == device:
+            return self
+        key = f"on_{device}"
+        if key not in self.cache:
+            self.cache[key] = PairMaps(self.pair_in.to(device), self.pair_out.to(device),
+                                       self.pair_offsets.to(device), self.num_in, self.num_out)
+        return self.cache[key]
+
+    def pair_counts(self) -> torch.Tensor:
+        return self.pair_offsets[1:] - self.pair_offsets[:-1]
+
+
+class IndiceData:
+    """A layer's kernel map, stored under its ``indice_key`` (same fields as spconv 2.x)."""
+
+    def __init__(self, out_indices: torch.Tensor, indices: torch.Tensor, maps: PairMaps, spatial_shape: List[int],
+                 out_spatial_shape: List[int], is_subm: bool, algo: ConvAlgo, ksize: List[int], stride: List[int],
+                 dilation: List[int], padding: List[int], voxel_num: Optional[Any] = None):
+        self.out_indices = out_indices
+        self.indices = indices
+        self.maps = maps
+        self.spatial_shape = list(spatial_shape)
+        self.out_spatial_shape = list(out_spatial_shape)
+        self.is_subm = is_subm
+        self.algo = algo
+        self.ksize = list(ksize)
+        self.stride = list(stride)
+        self.dilation = list(dilation)
+        self.padding = list(padding)
+        self.voxel_num = voxel_num
+
+    @property
+    def indice_pair_num(self) -> torch.Tensor:
+        """Pairs per kernel offset, int32 [kvol] (spconv 2.x layout)."""
+        return self.maps.pair_counts().int()
+
+    @property
+    def indice_pairs(self) -> torch.Tensor:
+        """spconv 2.x layout: int32 [2, kvol, num_in], row 0 inputs, row 1 outputs, -1 padded."""
+        return pairs_to_spconv_layout(self.maps, self.maps.num_in)
+
+
+# spconv 2.x has a second record type for its implicit-GEMM kernel maps; here one record serves every algo.
+ImplicitGemmIndiceData = IndiceData
+
+
+def pairs_to_spconv_layout(maps: PairMaps, width: int) -> torch.Tensor:
+    kvol = maps.kernel_volume
+    counts = maps.pair_counts()
+    out = torch.full((2, kvol, max(width, 1)), -1, dtype=torch.int32, device=maps.pair_in.device)
+    if maps.pair_in.numel():
+        k = torch.repeat_interleave(torch.arange(kvol, device=counts.device), counts)
+        col = torch.arange(maps.pair_in.numel(), device=counts.device) - maps.pair_offsets[:-1][k]
+        out[0, k, col] = maps.pair_in
+        out[1, k, col] = maps.pair_out
+    return out[:, :, :width]
+
+
+def scatter_nd(indices: torch.Tensor, updates: torch.Tensor, shape: List[int]) -> torch.Tensor:
+    """Dense tensor of ``shape`` with ``updates`` written at ``indices`` (rows of leading coordinates)."""
+    ret = torch.zeros(*shape, dtype=updates.dtype, device=updates.device)
+    ndim = indices.shape[-1]
+    flat = indices.long().reshape(-1, ndim)
+    strides = torch.tensor([int(np.prod(shape[i + 1:ndim])) for i in range(ndim)], dtype=torch.long,
+                           device=indices.device)
+    lin = (flat * strides).sum(-1) if flat.numel() else flat.new_zeros((0,))
+    ret.view(-1, *shape[ndim:])[lin] = updates.reshape(-1, *shape[ndim:])
+    return ret
+
+
+class SparseConvTensor:
+    """Sparse features ``[N, C]`` at int32 ``indices [N, 1 + ndim]`` (batch first) on a grid ``spatial_shape``."""
+
+    def __init__(self, features: torch.Tensor, indices: torch.Tensor, spatial_shape: Union[List[int], np.ndarray],
+                 batch_size: int, grid: Optional[torch.Tensor] = None, voxel_num: Optional[torch.Tensor] = None,
+                 indice_dict: Optional[Dict[str, IndiceData]] = None, benchmark: bool = False,
+                 permanent_thrust_allocator: bool = False, enable_timer: bool = False,
+                 force_algo: Optional[ConvAlgo] = None):
+        if not isinstance(features, torch.Tensor) or features.dim() != 2:
+            raise ValueError(f"features must be a 2-D tensor [N, C], got "
+                             f"{tuple(features.shape) if isinstance(features, torch.Tensor) else type(features)}")
+        if not isinstance(indices, torch.Tensor) or indices.dim() != 2:
+            raise ValueError("indices must be a 2-D int32 tensor [N, 1 + ndim]")
+        if indices.dtype != torch.int32:
+            raise TypeError(f"indices must be int32 (spconv layout), got {indices.dtype}")
+        ndim = indices.shape[1] - 1
+        spatial_shape = [int(v) for v in spatial_shape]
+        if len(spatial_shape) != ndim:
+            raise ValueError(f"spatial_shape has {len(spatial_shape)} entries but indices have {ndim} coordinates")
+        if features.shape[0] != indices.shape[0]:
+            raise ValueError(f"features have {features.shape[0]} rows but indices have {indices.shape[0]}")
+        if features.device != indices.device:
+            raise ValueError(f"features are on {features.device} but indices on {indices.device}")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._features = features
+        self.indices = indices
+        self.spatial_shape = spatial_shape
+        self.batch_size = int(batch_size)
+        self.indice_dict: Dict[str, IndiceData] = {} if indice_dict is None else indice_dict
+        self.grid = torch.Tensor() if grid is None else grid
+        self.voxel_num = voxel_num
+        self.benchmark = benchmark
+        self.benchmark_record: Dict[str, Any] = {}
+        self.thrust_allocator = None  # spconv 2.x GPU sort allocator; kept for compatibility
+        self.enable_timer = enable_timer
+        self._timer = None
+        self.force_algo = force_algo
+        self.int8_scale = None
+
+    def __repr__(self):
+        return (f"SparseConvTensor[shape={tuple(self._features.shape)}, spatial_shape={self.spatial_shape}, "
+                f"batch_size={self.batch_size}, dtype={self._features.dtype}, device={self._features.device}]")
+
+    @property
+    def features(self) -> torch.Tensor:
+        return self._features
+
+    @features.setter
+    def features(self, val):
+        raise ValueError("you can't set features directly, use 'x = x.replace_feature(new_features)' "
+                         "to make a new SparseConvTensor")
+
+    @property
+    def is_quantized(self) -> bool:
+        return self._features.is_quantized
+
+    def q_scale(self):
+        return self._features.q_scale() if self.is_quantized else None
+
+    def _copy_attrs_to(self, other: "SparseConvTensor") -> "SparseConvTensor":
+        other.benchmark = self.benchmark
+        other.benchmark_record = self.benchmark_record
+        other.thrust_allocator = self.thrust_allocator
+        other._timer = self._timer
+        other.force_algo = self.force_algo
+        other.int8_scale = self.int8_scale
+        return other
+
+    def replace_feature(self, feature: torch.Tensor) -> "SparseConvTensor":
+        """A new tensor with ``feature`` and everything else (including ``indice_dict``) shared."""
+        new = SparseConvTensor(feature, self.indices, self.spatial_shape, self.batch_size, self.grid, self.voxel_num,
+                               self.indice_dict)
+        return self._copy_attrs_to(new)
+
+    def with_structure(self, features: torch.Tensor, indices: torch.Tensor, spatial_shape: List[int],
+                       indice_dict: Dict[str, IndiceData]) -> "SparseConvTensor":
+        """A layer's output: new features on new coordinates, the other attributes carried over."""
+        new = SparseConvTensor(features, indices, spatial_shape, self.batch_size, self.grid, self.voxel_num,
+                               indice_dict)
+        return self._copy_attrs_to(new)
+
+    def shadow_copy(self) -> "SparseConvTensor":
+        """A new tensor object with every member shared (spconv 2.x semantics)."""
+        new = SparseConvTensor(self._features, self.indices, self.spatial_shape, self.batch_size, self.grid,
+                               self.voxel_num, self.indice_dict, self.benchmark)
+        return self._copy_attrs_to(new)
+
+    def minus(self) -> "SparseConvTensor":
+        return self.replace_feature(-self._features)
+
+    def __neg__(self):
+        return self.minus()
+
+    def __add__(self, other: Union["SparseConvTensor", torch.Tensor]) -> "SparseConvTensor":
+        """Feature-wise sum; both operands must share coordinates (use functional.sparse_add otherwise)."""
+        if isinstance(other, SparseConvTensor):
+            if other.indices.shape != self.indices.shape:
+                raise ValueError("__add__ needs the same coordinates; use spconv.pytorch.functional.sparse_add "
+                                 "for tensors with different coordinate sets")
+            other = other.features
+        if not isinstance(other, torch.Tensor):
+            return NotImplemented
+        return self.replace_feature(self._features + other)
+
+    def __radd__(self, other):
+        return self.__add__(other)
+
+    def __iadd__(self, other):
+        return self.__add__(other)
+
+    @classmethod
+    def from_dense(cls, x: torch.Tensor) -> "SparseConvTensor":
+        """From a channels-last dense tensor ``[B, *spatial, C]``; sites whose channels are all zero are dropped."""
+        if x.dim() < 3:
+            raise ValueError(f"x must be [B, *spatial, C], got {tuple(x.shape)}")
+        active = (x != 0).any(dim=-1)
+        coords = active.nonzero()
+        features = x[tuple(coords.t())]
+        return cls(features, coords.int(), list(x.shape[1:-1]), x.shape[0])
+
+    @property
+    def spatial_size(self) -> int:
+        return int(np.prod(self.spatial_shape))
+
+    def find_indice_pair(self, key) -> Optional[IndiceData]:
+        if key is None:
+            return None
+        return self.indice_dict.get(key)
+
+    def dense(self, channels_first: bool = True) -> torch.Tensor:
+        """``[B, C, *spatial]`` (or ``[B, *spatial, C]``); inactive sites are zero."""
+        shape = [self.batch_size] + self.spatial_shape + [self._features.shape[1]]
+        res = scatter_nd(self.indices.to(self._features.device).long(), self._features, shape)
+        if not channels_first:
+            return res
+        ndim = len(self.spatial_shape)
+        return res.permute(0, ndim + 1, *range(1, ndim + 1)).contiguous()

@@ -1,0 +1,91 @@
+"""Thin wrappers over ``torch.ops.spconv.*`` and their fake kernels (for torch.compile / torch.export)."""
+from typing import List, Tuple
+
+import torch
+
+import spconv._backend  # noqa: F401  (loads the extension, registering the operators)
+from spconv.core import ConvAlgo  # noqa: F401  (spconv 2.x exposes it here too)
+from spconv.pytorch.core import PairMaps
+
+_ops = torch.ops.spconv
+
+
+def get_conv_output_size(input_size: List[int], kernel_size: List[int], stride: List[int], padding: List[int],
+                         dilation: List[int]) -> List[int]:
+    """Regular convolution: ``(in + 2p - d(k-1) - 1) // s + 1`` per dimension."""
+    size = [(i + 2 * p - d * (k - 1) - 1) // s + 1
+            for i, k, s, p, d in zip(input_size, kernel_size, stride, padding, dilation)]
+    if any(v <= 0 for v in size):
+        raise ValueError(f"spatial_shape {list(input_size)} is too small for kernel_size {list(kernel_size)}, "
+                         f"stride {list(stride)}, padding {list(padding)}, dilation {list(dilation)}: "
+                         f"output shape would be {size}")
+    return size
+
+
+def get_deconv_output_size(input_size: List[int], kernel_size: List[int], stride: List[int], padding: List[int],
+                           dilation: List[int], output_padding: List[int]) -> List[int]:
+    """Transposed convolution, spconv 2.x's formula: ``(in - 1) s - 2p + k + output_padding``.
+
+    Like spconv it ignores dilation (``torch.nn.ConvTranspose`` adds ``(d - 1)(k - 1)``): outputs a dilated
+    kernel would place beyond this shape are dropped.
+    """
+    size = [(i - 1) * s - 2 * p + k + op
+            for i, k, s, p, op in zip(input_size, kernel_size, stride, padding, output_padding)]
+    if any(v <= 0 for v in size):
+        raise ValueError(f"transposed convolution output shape would be {size}")
+    return size
+
+
+def build_kernel_map(indices: torch.Tensor, batch_size: int, spatial_shape: List[int], out_shape: List[int],
+                     ksize: List[int], stride: List[int], padding: List[int], dilation: List[int], subm: bool,
+                     transpose: bool) -> Tuple[torch.Tensor, PairMaps]:
+    """Output indices and the per-offset (input, output) pairs of one layer."""
+    out_indices, pair_in, pair_out, pair_offsets = _ops.get_indice_pairs(
+        indices, batch_size, list(spatial_shape), list(out_shape), list(ksize), list(stride), list(padding),
+        list(dilation), subm, transpose)
+    return out_indices, PairMaps(pair_in, pair_out, pair_offsets, indices.shape[0], out_indices.shape[0])
+
+
+@torch.library.register_fake("spconv::get_indice_pairs")
+def _get_indice_pairs_fake(indices, batch_size, spatial_shape, out_shape, ksize, stride, padding, dilation, subm,
+                           transpose):
+    ctx = torch.library.get_ctx()
+    kvol = 1
+    for k in ksize:
+        kvol *= k
+    num_out = indices.shape[0] if subm else ctx.new_dynamic_size()
+    num_pairs = ctx.new_dynamic_size()
+    out_indices = indices.new_empty((num_out, indices.shape[1]))
+    return (out_indices, indices.new_empty((num_pairs,)), indices.new_empty((num_pairs,)),
+            indices.new_empty((kvol + 1,), dtype=torch.int64))
+
+
+@torch.library.register_fake("spconv::indice_conv")
+def _indice_conv_fake(features, filters, pair_in, pair_out, pair_offsets, num_out):
+    return features.new_empty((num_out, filters.shape[2]))
+
+
+@torch.library.register_fake("spconv::indice_conv_backward")
+def _indice_conv_backward_fake(features, filters, out_grad, pair_in, pair_out, pair_offsets):
+    return torch.empty_like(features), torch.empty_like(filters)
+
+
+def _indice_conv_setup_context(ctx, inputs, output):
+    features, filters, pair_in, pair_out, pair_offsets, _ = inputs
+    ctx.save_for_backward(features, filters, pair_in, pair_out, pair_offsets)
+
+
+def _indice_conv_backward(ctx, grad):
+    features, filters, pair_in, pair_out, pair_offsets = ctx.saved_tensors
+    dx, dw = _ops.indice_conv_backward(features, filters, grad.contiguous(), pair_in, pair_out, pair_offsets)
+    return dx, dw, None, None, None, None
+
+
+torch.library.register_autograd("spconv::indice_conv", _indice_conv_backward,
+                                setup_context=_indice_conv_setup_context)
+
+
+def indice_conv_native(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps,
+                       num_out: int) -> torch.Tensor:
+    """Native route: ``out[pair_out] += features[pair_in] @ filters[k]``; filters ``[kvol, Cin, Cout]``."""
+    return _ops.indice_conv(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out)
