@@ -20,6 +20,9 @@
 #define hipGetLastError cudaGetLastError
 #define hipGetErrorString cudaGetErrorString
 #define hipMemsetAsync cudaMemsetAsync
+#define hipErrorInvalidValue cudaErrorInvalidValue
+#define hipDeviceProp_t cudaDeviceProp
+#define hipGetDeviceProperties cudaGetDeviceProperties
 #define hipMemcpyAsync cudaMemcpyAsync
 #define hipMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
 #define hipGetDevice cudaGetDevice

@@ -1,0 +1,537 @@
+// Fused gather-GEMM-scatter (the fused route).
+//  * forward / dinput: output-stationary implicit GEMM over an out->in neighbour table. A block owns a tile of
+//    64 output rows (taken in mask-sorted order) x 64 output channels, loops over the kernel offsets whose bit
+//    is set in the OR of the tile's row masks, gathers the input rows of that offset into shared memory and
+//    multiplies by the offset's filter slice. Every output element is written by exactly one thread: no atomics.
+//    Three bodies share one launch shape (256 threads, 64x64 tile, K step 32) so the host never needs to know
+//    the device: SIMT FMA (every target, every dtype), WMMA fp16/bf16 (NVIDIA sm_80+), MFMA fp16/bf16
+//    (gfx90a / gfx94x). The body is picked by the compile target inside the kernel.
+//  * dfilter: per-offset gathered GEMM x^T dy with split-K partials in an fp32 workspace, reduced in a fixed
+//    order (deterministic, no atomics).
+#include "hip_compat.h"
+
+#if defined(SPCONV_CUDA)
+#include <cuda_bf16.h>
+#include <mma.h>
+#endif
+
+#include <cstring>
+#include <type_traits>
+
+#include "launchers.h"
+
+namespace spconv {
+namespace gpu {
+namespace {
+
+constexpr int BM = 64;        // rows of the output tile
+constexpr int BN = 64;        // channels of the output tile
+constexpr int BK = 32;        // reduction step (input channels)
+constexpr int kThreads = 256;
+
+struct FwdArgs {
+  const void* x;
+  const void* w;
+  const int32_t* nbr;    // [n_out, kvol]
+  const int32_t* masks;  // [n_out] of this split
+  const int32_t* order;  // [n_out] of this split
+  int64_t n_out, kvol, cin, cout;
+  int k0, k1, gs;        // offsets [k0, k1) of this split, offsets per mask bit
+  int accumulate;        // add to y instead of overwriting it
+  int vec;               // 16-byte vector loads allowed (16-bit types, cin % 8 == 0, cout % 8 == 0, aligned)
+  void* y;
+};
+
+// ---- prologue shared by every body: tile rows, tile mask ----
+struct TileState {
+  int32_t rows[BM];  // output row of each tile slot, -1 past the end
+  int32_t src[BM];   // input row feeding each slot through the current offset, -1 if none
+  unsigned int mask;
+};
+
+__device__ __forceinline__ unsigned int tile_prologue(const FwdArgs& a, TileState& st) {
+  const int tid = threadIdx.x;
+  if (tid == 0) st.mask = 0u;
+  __syncthreads();
+  if (tid < BM) {
+    const int64_t r = int64_t(blockIdx.x) * BM + tid;
+    int32_t row = r < a.n_out ? a.order[r] : -1;
+    st.rows[tid] = row;
+    if (row >= 0) atomicOr(&st.mask, static_cast<unsigned int>(a.masks[row]));
+  }
+  __syncthreads();
+  return st.mask;
+}
+
+__device__ __forceinline__ void load_sources(const FwdArgs& a, TileState& st, int k) {
+  const int tid = threadIdx.x;
+  __syncthreads();  // the previous offset's tiles are no longer read
+  if (tid < BM) {
+    const int32_t row = st.rows[tid];
+    st.src[tid] = row >= 0 ? a.nbr[int64_t(row) * a.kvol + k] : -1;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ bool offset_active(const FwdArgs& a, unsigned int mask, int k) {
+  return (mask >> ((k - a.k0) / a.gs)) & 1u;
+}
+
+// Writes a 64x64 fp32 tile held in shared memory (row stride ld) to y, coalesced along channels.
+template <typename T>
+__device__ __forceinline__ void store_tile(const FwdArgs& a, const TileState& st, const float* c, int ld) {
+  T* y = static_cast<T*>(a.y);
+  const int64_t n0 = int64_t(blockIdx.y) * BN;
+  for (int e = threadIdx.x; e < BM * BN; e += kThreads) {
+    const int r = e / BN, n = e % BN;
+    const int32_t row = st.rows[r];
+    const int64_t col = n0 + n;
+    if (row < 0 || col >= a.cout) continue;
+    float v = c[r * ld + n];
+    T* dst = y + int64_t(row) * a.cout + col;
+    if (a.accumulate) v += to_float(*dst);
+    *dst = from_float<T>(v);
+  }
+}
+
+// ---- SIMT body: fp32 FMA, 4x4 outputs per thread ----
+template <typename T>
+__device__ void forward_simt(const FwdArgs& a) {
+  __shared__ TileState st;
+  __shared__ float As[BK][BM + 1];
+  __shared__ float Bs[BK][BN + 4];
+  const T* x = static_cast<const T*>(a.x);
+  const T* w = static_cast<const T*>(a.w);
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t n0 = int64_t(blockIdx.y) * BN;
+  const unsigned int mask = tile_prologue(a, st);
+  float acc[4][4];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+
+  for (int k = a.k0; k < a.k1; ++k) {
+    if (!offset_active(a, mask, k)) continue;
+    load_sources(a, st, k);
+    const T* wk = w + int64_t(k) * a.cin * a.cout;
+    for (int64_t c0 = 0; c0 < a.cin; c0 += BK) {
+      for (int e = tid; e < BK * BM; e += kThreads) {
+        const int kk = e % BK, r = e / BK;
+        const int32_t s = st.src[r];
+        const int64_t c = c0 + kk;
+        As[kk][r] = (s >= 0 && c < a.cin) ? to_float(x[int64_t(s) * a.cin + c]) : 0.f;
+      }
+      for (int e = tid; e < BK * BN; e += kThreads) {
+        const int n = e % BN, kk = e / BN;
+        const int64_t c = c0 + kk, col = n0 + n;
+        Bs[kk][n] = (c < a.cin && col < a.cout) ? to_float(wk[c * a.cout + col]) : 0.f;
+      }
+      __syncthreads();
+#pragma unroll 8
+      for (int kk = 0; kk < BK; ++kk) {
+        float av[4], bv[4];
+        for (int i = 0; i < 4; ++i) av[i] = As[kk][ty * 4 + i];
+        for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx * 4 + j];
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+      __syncthreads();
+    }
+  }
+  // Epilogue straight from registers.
+  T* y = static_cast<T*>(a.y);
+  for (int i = 0; i < 4; ++i) {
+    const int32_t row = st.rows[ty * 4 + i];
+    if (row < 0) continue;
+    for (int j = 0; j < 4; ++j) {
+      const int64_t col = n0 + tx * 4 + j;
+      if (col >= a.cout) continue;
+      T* dst = y + int64_t(row) * a.cout + col;
+      float v = acc[i][j];
+      if (a.accumulate) v += to_float(*dst);
+      *dst = from_float<T>(v);
+    }
+  }
+}
+
+#if defined(SPCONV_DEVICE_WMMA) || defined(SPCONV_DEVICE_MFMA)
+// Loads the gathered A tile [BM][BK] and the filter tile [BK][BN] of 16-bit elements (raw bits) into
+// shared memory, zero-filling rows without a source and channels past the end.
+template <int LDA, int LDB>
+__device__ __forceinline__ void load_tiles_16bit(const FwdArgs& a, const TileState& st, int k, int64_t c0,
+                                                 uint16_t (*As)[LDA], uint16_t (*Bs)[LDB]) {
+  const uint16_t* x = static_cast<const uint16_t*>(a.x);
+  const uint16_t* wk = static_cast<const uint16_t*>(a.w) + int64_t(k) * a.cin * a.cout;
+  const int tid = threadIdx.x;
+  const int64_t n0 = int64_t(blockIdx.y) * BN;
+  if (a.vec) {
+    // One 16-byte vector per thread for each tile: BM*BK/8 == BK*BN/8 == kThreads.
+    {
+      const int r = tid / (BK / 8), kk = (tid % (BK / 8)) * 8;
+      const int32_t s = st.src[r];
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (s >= 0 && c0 + kk < a.cin) v = *reinterpret_cast<const uint4*>(x + int64_t(s) * a.cin + c0 + kk);
+      *reinterpret_cast<uint4*>(&As[r][kk]) = v;
+    }
+    {
+      const int kk = tid / (BN / 8), n = (tid % (BN / 8)) * 8;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (c0 + kk < a.cin && n0 + n < a.cout) v = *reinterpret_cast<const uint4*>(wk + (c0 + kk) * a.cout + n0 + n);
+      *reinterpret_cast<uint4*>(&Bs[kk][n]) = v;
+    }
+  } else {
+    for (int e = tid; e < BM * BK; e += kThreads) {
+      const int r = e / BK, kk = e % BK;
+      const int32_t s = st.src[r];
+      const int64_t c = c0 + kk;
+      As[r][kk] = (s >= 0 && c < a.cin) ? x[int64_t(s) * a.cin + c] : uint16_t(0);
+    }
+    for (int e = tid; e < BK * BN; e += kThreads) {
+      const int kk = e / BN, n = e % BN;
+      const int64_t c = c0 + kk, col = n0 + n;
+      Bs[kk][n] = (c < a.cin && col < a.cout) ? wk[c * a.cout + col] : uint16_t(0);
+    }
+  }
+}
+#endif
+
+#if defined(SPCONV_DEVICE_WMMA)
+// ---- WMMA body (NVIDIA sm_80+): 8 warps, each a 16x32 slice of the tile, fp32 accumulation ----
+template <typename T>
+__device__ void forward_wmma(const FwdArgs& a) {
+  using namespace nvcuda;
+  typedef typename std::conditional<std::is_same<T, __half>::value, __half, __nv_bfloat16>::type MT;
+  constexpr int LDA = BK + 8, LDB = BN + 8, LDC = BN + 4;
+  __shared__ TileState st;
+  __shared__ __align__(32) uint16_t As[BM][LDA];
+  __shared__ __align__(32) uint16_t Bs[BK][LDB];
+  __shared__ __align__(32) float Cs[BM][LDC];
+  const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+  const unsigned int mask = tile_prologue(a, st);
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+  wmma::fill_fragment(acc[0], 0.f);
+  wmma::fill_fragment(acc[1], 0.f);
+  for (int k = a.k0; k < a.k1; ++k) {
+    if (!offset_active(a, mask, k)) continue;
+    load_sources(a, st, k);
+    for (int64_t c0 = 0; c0 < a.cin; c0 += BK) {
+      load_tiles_16bit<LDA, LDB>(a, st, k, c0, As, Bs);
+      __syncthreads();
+#pragma unroll
+      for (int ks = 0; ks < BK; ks += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, MT, wmma::row_major> fa;
+        wmma::load_matrix_sync(fa, reinterpret_cast<const MT*>(&As[wm * 16][ks]), LDA);
+#pragma unroll
+        for (int f = 0; f < 2; ++f) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, MT, wmma::row_major> fb;
+          wmma::load_matrix_sync(fb, reinterpret_cast<const MT*>(&Bs[ks][wn * 32 + f * 16]), LDB);
+          wmma::mma_sync(acc[f], fa, fb, acc[f]);
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int f = 0; f < 2; ++f)
+    wmma::store_matrix_sync(&Cs[wm * 16][wn * 32 + f * 16], acc[f], LDC, wmma::mem_row_major);
+  __syncthreads();
+  store_tile<T>(a, st, &Cs[0][0], LDC);
+}
+#endif
+
+#if defined(SPCONV_DEVICE_MFMA)
+// ---- MFMA body (gfx90a / gfx94x, wave64): 4 waves, each a 16x64 slice of the tile ----
+// v_mfma_f32_16x16x16{f16,bf16_1k} operand layout, lane l: A[l%16][4*(l/16)+i], B[4*(l/16)+i][l%16],
+// D[4*(l/16)+i][l%16] for i < 4.
+typedef _Float16 mfma_half4 __attribute__((ext_vector_type(4)));
+typedef short mfma_short4 __attribute__((ext_vector_type(4)));
+typedef float mfma_float4 __attribute__((ext_vector_type(4)));
+
+template <typename T>
+__device__ void forward_mfma(const FwdArgs& a) {
+  constexpr int LDA = BK + 8, LDB = BN + 8, LDC = BN + 4;
+  __shared__ TileState st;
+  __shared__ __attribute__((aligned(16))) uint16_t As[BM][LDA];
+  __shared__ __attribute__((aligned(16))) uint16_t Bs[BK][LDB];
+  __shared__ float Cs[BM][LDC];
+  const int wave = threadIdx.x / 64, lane = threadIdx.x % 64, lr = lane % 16, lq = lane / 16;
+  const unsigned int mask = tile_prologue(a, st);
+  mfma_float4 acc[4];
+  for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
+  for (int k = a.k0; k < a.k1; ++k) {
+    if (!offset_active(a, mask, k)) continue;
+    load_sources(a, st, k);
+    for (int64_t c0 = 0; c0 < a.cin; c0 += BK) {
+      load_tiles_16bit<LDA, LDB>(a, st, k, c0, As, Bs);
+      __syncthreads();
+#pragma unroll
+      for (int ks = 0; ks < BK; ks += 16) {
+        mfma_short4 av;
+        for (int i = 0; i < 4; ++i) av[i] = static_cast<short>(As[wave * 16 + lr][ks + 4 * lq + i]);
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          mfma_short4 bv;
+          for (int i = 0; i < 4; ++i) bv[i] = static_cast<short>(Bs[ks + 4 * lq + i][f * 16 + lr]);
+          if constexpr (std::is_same<T, __half>::value) {
+            mfma_half4 ah, bh;
+            __builtin_memcpy(&ah, &av, sizeof(ah));
+            __builtin_memcpy(&bh, &bv, sizeof(bh));
+            acc[f] = __builtin_amdgcn_mfma_f32_16x16x16f16(ah, bh, acc[f], 0, 0, 0);
+          } else {
+            acc[f] = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, acc[f], 0, 0, 0);
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int f = 0; f < 4; ++f)
+    for (int i = 0; i < 4; ++i) Cs[wave * 16 + 4 * lq + i][f * 16 + lr] = acc[f][i];
+  __syncthreads();
+  store_tile<T>(a, st, &Cs[0][0], LDC);
+}
+#endif
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) fused_forward_kernel(FwdArgs a) {
+  constexpr bool k16 = !std::is_same<T, float>::value;
+#if defined(SPCONV_DEVICE_WMMA)
+  if constexpr (k16) {
+    forward_wmma<T>(a);
+  } else {
+    forward_simt<T>(a);
+  }
+#elif defined(SPCONV_DEVICE_MFMA)
+  if constexpr (k16) {
+    forward_mfma<T>(a);
+  } else {
+    forward_simt<T>(a);
+  }
+#else
+  (void)k16;
+  forward_simt<T>(a);
+#endif
+}
+
+// ---- dfilter: 64 (cin) x 64 (cout) tile of dW[k] per block, one split-K chunk of the pairs ----
+constexpr int BP = 32;  // pairs per step
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    dfilter_kernel(const T* __restrict__ x, const T* __restrict__ dy, const int32_t* __restrict__ pair_in,
+                   const int32_t* __restrict__ pair_out, const int64_t* __restrict__ pair_offsets, int64_t cin,
+                   int64_t cout, int splits, int tiles_co, float* __restrict__ ws) {
+  __shared__ float As[BP][BM + 4];
+  __shared__ float Bs[BP][BN + 4];
+  __shared__ int32_t s_in[BP], s_out[BP];
+  const int k = blockIdx.z, s = blockIdx.y;
+  const int64_t ci0 = int64_t(blockIdx.x / tiles_co) * BM, co0 = int64_t(blockIdx.x % tiles_co) * BN;
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int64_t begin = pair_offsets[k], count = pair_offsets[k + 1] - begin;
+  const int64_t chunk = (count + splits - 1) / splits;
+  const int64_t pb = begin + s * chunk;
+  const int64_t pe = pb + chunk < begin + count ? pb + chunk : begin + count;
+  float acc[4][4];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+  for (int64_t p0 = pb; p0 < pe; p0 += BP) {
+    if (tid < BP) {
+      const bool ok = p0 + tid < pe;
+      s_in[tid] = ok ? pair_in[p0 + tid] : -1;
+      s_out[tid] = ok ? pair_out[p0 + tid] : -1;
+    }
+    __syncthreads();
+    for (int e = tid; e < BP * BM; e += kThreads) {
+      const int c = e % BM, p = e / BM;
+      const int32_t r = s_in[p];
+      As[p][c] = (r >= 0 && ci0 + c < cin) ? to_float(x[int64_t(r) * cin + ci0 + c]) : 0.f;
+    }
+    for (int e = tid; e < BP * BN; e += kThreads) {
+      const int c = e % BN, p = e / BN;
+      const int32_t r = s_out[p];
+      Bs[p][c] = (r >= 0 && co0 + c < cout) ? to_float(dy[int64_t(r) * cout + co0 + c]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int p = 0; p < BP; ++p) {
+      float av[4], bv[4];
+      for (int i = 0; i < 4; ++i) av[i] = As[p][ty * 4 + i];
+      for (int j = 0; j < 4; ++j) bv[j] = Bs[p][tx * 4 + j];
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+  float* out = ws + (int64_t(k) * splits + s) * cin * cout;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t ci = ci0 + ty * 4 + i;
+    if (ci >= cin) continue;
+    for (int j = 0; j < 4; ++j) {
+      const int64_t co = co0 + tx * 4 + j;
+      if (co < cout) out[ci * cout + co] = acc[i][j];
+    }
+  }
+}
+
+template <typename T>
+__global__ void dfilter_reduce_kernel(const float* __restrict__ ws, int64_t kvol, int64_t cc, int splits,
+                                      T* __restrict__ dw) {
+  const int64_t total = kvol * cc;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t k = e / cc, rest = e - k * cc;
+    const float* p = ws + k * splits * cc + rest;
+    float sum = 0.f;
+    for (int s = 0; s < splits; ++s) sum += p[int64_t(s) * cc];
+    dw[e] = from_float<T>(sum);
+  }
+}
+
+__global__ void map_fill_kernel(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets,
+                                int64_t kvol, int64_t npairs, int32_t* nbr) {
+  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < npairs; p += int64_t(gridDim.x) * blockDim.x) {
+    // k = the last offset with pair_offsets[k] <= p
+    int64_t lo = 0, hi = kvol;  // invariant: pair_offsets[lo] <= p < pair_offsets[hi]
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (pair_offsets[mid] <= p)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    nbr[int64_t(pair_out[p]) * kvol + lo] = pair_in[p];
+  }
+}
+
+__global__ void map_masks_kernel(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_splits,
+                                 int32_t* masks) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < num_rows;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t* row = nbr + r * kvol;
+    for (int s = 0; s < num_splits; ++s) {
+      const int64_t k0 = s * kvol / num_splits, k1 = (s + 1) * kvol / num_splits;
+      const int64_t gs = (k1 - k0 + 31) / 32 > 0 ? (k1 - k0 + 31) / 32 : 1;
+      unsigned int m = 0u;
+      for (int64_t k = k0; k < k1; ++k)
+        if (row[k] >= 0) m |= 1u << ((k - k0) / gs);
+      masks[s * num_rows + r] = static_cast<int32_t>(m);
+    }
+  }
+}
+
+template <typename T>
+int launch_forward(FwdArgs a, int num_splits, hipStream_t stream) {
+  const int64_t row_tiles = (a.n_out + BM - 1) / BM, col_tiles = (a.cout + BN - 1) / BN;
+  if (row_tiles > 0x7fffffffLL || col_tiles > 65535) return static_cast<int>(hipErrorInvalidValue);
+  const int32_t* masks = a.masks;
+  const int32_t* order = a.order;
+  for (int s = 0; s < num_splits; ++s) {
+    a.k0 = static_cast<int>(s * a.kvol / num_splits);
+    a.k1 = static_cast<int>((s + 1) * a.kvol / num_splits);
+    a.gs = static_cast<int>((a.k1 - a.k0 + 31) / 32);
+    if (a.gs < 1) a.gs = 1;
+    a.masks = masks + s * a.n_out;
+    a.order = order + s * a.n_out;
+    a.accumulate = s > 0;
+    dim3 grid(static_cast<unsigned int>(row_tiles), static_cast<unsigned int>(col_tiles));
+    fused_forward_kernel<T><<<grid, kThreads, 0, stream>>>(a);
+    SPCONV_RETURN_IF_ERROR(last_launch_error());
+  }
+  return 0;
+}
+
+template <typename T>
+int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
+                   const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits, float* ws,
+                   void* dw, hipStream_t stream) {
+  const int64_t tiles_ci = (cin + BM - 1) / BM, tiles_co = (cout + BN - 1) / BN;
+  if (kvol > 65535 || splits > 65535 || tiles_ci * tiles_co > 0x7fffffffLL) return static_cast<int>(hipErrorInvalidValue);
+  dim3 grid(static_cast<unsigned int>(tiles_ci * tiles_co), static_cast<unsigned int>(splits),
+            static_cast<unsigned int>(kvol));
+  dfilter_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), pair_in,
+                                                   pair_out, pair_offsets, cin, cout, splits,
+                                                   static_cast<int>(tiles_co), ws);
+  SPCONV_RETURN_IF_ERROR(last_launch_error());
+  const int64_t total = kvol * cin * cout;
+  dfilter_reduce_kernel<T><<<grid_1d(total, kThreads), kThreads, 0, stream>>>(ws, kvol, cin * cout, splits,
+                                                                              static_cast<T*>(dw));
+  return last_launch_error();
+}
+
+}  // namespace
+
+int fused_map_fill(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets, int64_t kvol,
+                   int64_t npairs, int64_t num_rows, int32_t* nbr, void* stream) {
+  (void)num_rows;
+  if (npairs <= 0 || kvol <= 0) return 0;
+  map_fill_kernel<<<grid_1d(npairs, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(
+      pair_in, pair_out, pair_offsets, kvol, npairs, nbr);
+  return last_launch_error();
+}
+
+int fused_map_masks(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_splits, int32_t* masks,
+                    void* stream) {
+  if (num_rows <= 0 || num_splits <= 0) return 0;
+  map_masks_kernel<<<grid_1d(num_rows, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(
+      nbr, num_rows, kvol, num_splits, masks);
+  return last_launch_error();
+}
+
+int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr, const int32_t* masks,
+                       const int32_t* order, int64_t n_out, int64_t kvol, int64_t cin, int64_t cout,
+                       int num_splits, void* y, void* stream) {
+  if (n_out <= 0 || cout <= 0) return 0;
+  if (num_splits < 1 || kvol < 1) return static_cast<int>(hipErrorInvalidValue);
+  FwdArgs a{};
+  a.x = x;
+  a.w = w;
+  a.nbr = nbr;
+  a.masks = masks;
+  a.order = order;
+  a.n_out = n_out;
+  a.kvol = kvol;
+  a.cin = cin;
+  a.cout = cout;
+  a.y = y;
+  a.vec = (t != DType::F32) && cin % 8 == 0 && cout % 8 == 0 && (reinterpret_cast<uintptr_t>(x) % 16 == 0) &&
+          (reinterpret_cast<uintptr_t>(w) % 16 == 0);
+  hipStream_t s = static_cast<hipStream_t>(stream);
+  switch (t) {
+    case DType::F32: return launch_forward<float>(a, num_splits, s);
+    case DType::F16: return launch_forward<__half>(a, num_splits, s);
+    case DType::BF16: return launch_forward<bf16_t>(a, num_splits, s);
+    default: return static_cast<int>(hipErrorInvalidValue);
+  }
+}
+
+int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
+                       const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits,
+                       float* workspace, void* dw, void* stream) {
+  if (kvol <= 0 || cin <= 0 || cout <= 0) return 0;
+  if (splits < 1) return static_cast<int>(hipErrorInvalidValue);
+  hipStream_t s = static_cast<hipStream_t>(stream);
+  switch (t) {
+    case DType::F32: return launch_dfilter<float>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout, splits,
+                                                  workspace, dw, s);
+    case DType::F16: return launch_dfilter<__half>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout, splits,
+                                                   workspace, dw, s);
+    case DType::BF16: return launch_dfilter<bf16_t>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout, splits,
+                                                    workspace, dw, s);
+    default: return static_cast<int>(hipErrorInvalidValue);
+  }
+}
+
+const char* fused_forward_path(DType t) {
+  if (t == DType::F32) return "simt";
+  int dev = 0;
+  if (hipGetDevice(&dev) != hipSuccess) return "simt";
+  hipDeviceProp_t prop;
+  if (hipGetDeviceProperties(&prop, dev) != hipSuccess) return "simt";
+#if defined(SPCONV_HIP)
+  const char* arch = prop.gcnArchName;
+  if (std::strncmp(arch, "gfx90a", 6) == 0 || std::strncmp(arch, "gfx94", 5) == 0) return "mfma";
+  return "simt";
+#else
+  return prop.major >= 8 ? "wmma" : "simt";
+#endif
+}
+
+}  // namespace gpu
+}  // namespace spconv

@@ -1,0 +1,77 @@
+// Plain C++ entry points of the GPU kernels (csrc/hip/*.cu). No torch and no GPU headers here:
+// the glue in csrc/ops/gpu (compiled by the host C++ compiler) calls these with raw device pointers,
+// sizes and the current stream as a void*. Every launcher returns 0 on success or a runtime error code
+// (see error_string). Launchers never launch a grid of zero blocks: empty work returns 0 at once.
+#pragma once
+#include <cstdint>
+
+#include "spconv/coords.h"
+
+namespace spconv {
+namespace gpu {
+
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, F64 = 3 };
+
+const char* error_string(int code);
+
+// Open-addressing hash table of packed int64 keys (empty slot = -1) with int32 values.
+// Capacity is a power of two >= 2 * expected entries.
+int64_t hash_capacity(int64_t expected);
+// Sets all keys to -1 and values to -1.
+int hash_clear(int64_t* keys, int32_t* values, int64_t cap, void* stream);
+
+// ---- kernel maps ----
+// Submanifold: inserts every input row (key -> row). *dup_row (one int32 on the device, set by the caller
+// to INT32_MAX) receives the smallest row that found its coordinate already present.
+int subm_insert(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t* hkeys, int32_t* hvals,
+                int64_t cap, int32_t* dup_row, void* stream);
+// nbr[i * kvol + k] = input row at the offset-k neighbour of row i, or -1.
+int subm_neighbors(const int32_t* indices, int64_t n, const ConvGeometry& g, const int64_t* hkeys,
+                   const int32_t* hvals, int64_t cap, int32_t* nbr, void* stream);
+// Regular (transpose=false) or transposed conv: keys[i * kvol + k] = packed output coordinate or -1.
+int conv_candidate_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, bool transpose, int64_t* keys,
+                        void* stream);
+// Inserts every key != -1 (values untouched).
+int hash_insert_keys(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, void* stream);
+// For r < m: the slot of uniq[r] gets value r (uniq must already be inserted).
+int hash_assign_rank(const int64_t* uniq, int64_t m, const int64_t* hkeys, int32_t* hvals, int64_t cap,
+                     void* stream);
+// out[t] = value of keys[t], or -1 for key -1 / absent.
+int hash_lookup(const int64_t* keys, int64_t count, const int64_t* hkeys, const int32_t* hvals, int64_t cap,
+                int32_t* out, void* stream);
+// out_indices[r] = (batch, c0, ..., c_{ndim-1}) unpacked from keys[r] with the grid shape.
+int decode_keys(const int64_t* keys, int64_t m, const ConvGeometry& g, bool use_out_shape, int32_t* out_indices,
+                void* stream);
+
+// ---- native route: gather -> vendor GEMM (ATen) -> scatter-add ----
+// dst[r, :] = src[idx[r], :] for r < m; src and dst of dtype t, c channels, row-major contiguous.
+int gather_rows(DType t, const void* src, int64_t c, const int32_t* idx, int64_t m, void* dst, void* stream);
+// acc[idx[r], :] += src[r, :]; idx has no repeats within one call, so no atomics. acc is F32 or F64.
+int scatter_add_rows(DType src_t, const void* src, int64_t c, const int32_t* idx, int64_t m, DType acc_t,
+                     void* acc, void* stream);
+
+// ---- fused route ----
+// nbr [num_rows, kvol] must hold -1; sets nbr[pair_out[p] * kvol + k(p)] = pair_in[p].
+int fused_map_fill(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets, int64_t kvol,
+                   int64_t npairs, int64_t num_rows, int32_t* nbr, void* stream);
+// masks[s * num_rows + r]: bit ((k - k0_s) / gs_s) set when nbr[r, k] >= 0, for the offsets
+// k0_s = s * kvol / S <= k < k1_s of split s, gs_s = ceil((k1_s - k0_s) / 32).
+int fused_map_masks(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_splits, int32_t* masks,
+                    void* stream);
+// Output-stationary implicit GEMM: y[r] (+)= sum_k x[nbr[r, k]] @ w[k], tiles of rows taken in `order`,
+// offsets whose mask bit is clear in the whole tile skipped. Splits run one after the other (the first
+// overwrites y, later ones accumulate). x [n_in, cin], w [kvol, cin, cout], y [n_out, cout], dtype F32/F16/BF16.
+int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr, const int32_t* masks,
+                       const int32_t* order, int64_t n_out, int64_t kvol, int64_t cin, int64_t cout,
+                       int num_splits, void* y, void* stream);
+// dW[k] = sum over the pairs p of offset k of x[pair_in[p]]^T dy[pair_out[p]]; split-K over `splits`
+// chunks per offset into workspace [kvol, splits, cin, cout] (fp32), then a fixed-order reduction into
+// dw [kvol, cin, cout] of dtype t: deterministic, no atomics.
+int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
+                       const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits,
+                       float* workspace, void* dw, void* stream);
+// Which kernel body fused_conv_forward runs on the current device for dtype t: "simt", "wmma" or "mfma".
+const char* fused_forward_path(DType t);
+
+}  // namespace gpu
+}  // namespace spconv
