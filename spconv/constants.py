@@ -16,3 +16,60 @@ ALL_WEIGHT_IS_KRSC = True
 SAVED_WEIGHT_LAYOUT = os.getenv("SPCONV_SAVED_WEIGHT_LAYOUT", "")
 SPCONV_FX_TRACE_MODE = _env_flag("SPCONV_FX_TRACE_MODE")
 SPCONV_DEBUG_SAVE_PATH = os.getenv("SPCONV_DEBUG_SAVE_PATH", "")
+
+# ---- spconv 2.x public constants (names kept so code that reads or sets them keeps working) ----
+from pathlib import Path  # noqa: E402
+
+PACKAGE_NAME = "spconv"
+PACKAGE_ROOT = Path(__file__).parent.resolve()
+EDITABLE_INSTALLED = False
+BOOST_ROOT = None
+NDIM_DONT_CARE = 3
+
+# Layout of the weights in a checkpoint being loaded: "" (detect from the shape: spconv 2.x KRSC
+# [Cout, *k, Cin] or spconv 1.x RSCK [*k, Cin, Cout]), "KRSC", "RSKC" ([*k, Cout, Cin]) or "RSCK".
+# Set it when a shape is ambiguous (Cin == Cout == every kernel size); see spconv/pytorch/_checkpoint.py.
+if SAVED_WEIGHT_LAYOUT not in ("", "KRSC", "RSKC", "RSCK"):
+    raise ValueError(f"SPCONV_SAVED_WEIGHT_LAYOUT must be one of KRSC, RSKC, RSCK (or unset), "
+                     f"got {SAVED_WEIGHT_LAYOUT!r}")
+
+# Flags of spconv's CUDA build: read for compatibility, they don't change results here.
+DISABLE_JIT = _env_flag("SPCONV_DISABLE_JIT")
+SPCONV_BWD_SPLITK = [int(v) for v in os.getenv("SPCONV_BWD_SPLITK", "1,2,4,8,16,32,64").split(",") if v.strip()]
+SPCONV_NVRTC_MODE = _env_flag("SPCONV_NVRTC_MODE")
+SPCONV_DEBUG_WEIGHT = False
+SPCONV_CPP_INDICE_PAIRS = True
+SPCONV_CPP_INDICE_PAIRS_IGEMM = _env_flag("SPCONV_CPP_INDICE_PAIRS_IGEMM")
+SPCONV_CPP_GEMM = True
+SPCONV_USE_DIRECT_TABLE = True
+SPCONV_DIRECT_TABLE_HASH_SIZE_SCALE = 1.1
+SPCONV_INT8_DEBUG = _env_flag("SPCONV_INT8_DEBUG")
+SPCONV_DO_SORT = _env_flag("SPCONV_DO_SORT", "1")
+
+
+class AllocKeys:
+    """Names of spconv 2.x's allocator slots (kept for imports; this package allocates through torch)."""
+
+    PairBwd = "PairBwd"
+    IndiceNumPerLoc = "IndiceNumPerLoc"
+    PairMask = "PairMask"
+    MaskArgSort = "MaskArgSort"
+    OutIndices = "OutIndices"
+    PairFwd = "PairFwd"
+    PairMaskBwd = "PairMaskBwd"
+    MaskArgSortBwd = "MaskArgSortBwd"
+    MaskOutputFwd = "MaskOutputFwd"
+    OutFeatures = "OutFeatures"
+    Features = "Features"
+    Filters = "Filters"
+    OutBp = "OutBp"
+    DIn = "DIn"
+    DFilters = "DFilters"
+    InpBuffer = "InpBuffer"
+    OutBuffer = "OutBuffer"
+    IndicePairsUniq = "IndicePairsUniq"
+    IndicePairsUniqBackup = "IndicePairsUniqBackup"
+    HashKOrKV = "HashKOrKV"
+    HashV = "HashV"
+    ThrustTemp = "ThrustTemp"
+    TightUniqueCount = "TightUniqueCount"

@@ -22,3 +22,12 @@ class Activation(enum.Enum):
     ReLU = 1
     Sigmoid = 2
     LeakyReLU = 3
+
+
+class AlgoHint(enum.Enum):
+    """Which GEMM a tuned kernel serves (spconv 2.x; the misspelt ``Fowrard`` is spconv's name)."""
+
+    NoHint = 0b000
+    Fowrard = 0b001
+    BackwardInput = 0b010
+    BackwardWeight = 0b100

@@ -25,4 +25,22 @@ TORCH_LIBRARY(spconv, m) {
       "Tensor pair_offsets) -> (Tensor, Tensor)");
 
   // ---- pooling, voxelization, hash table (see their sections below) ----
+
+  // ---- pooling (section owner: surface) ----
+  // Same kernel map as a regular conv. Max pool: outputs start at 0 (spconv's semantics, so the
+  // result is max(0, window max)); the backward sends each gradient to the input of the first
+  // offset whose value equals the output. Avg pool: mean over the window's active inputs; count is
+  // the number of active inputs per output (int32), which the backward divides by.
+  m.def("indice_maxpool(Tensor features, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, SymInt num_out) "
+        "-> Tensor");
+  m.def(
+      "indice_maxpool_backward(Tensor features, Tensor out_features, Tensor out_grad, Tensor pair_in, "
+      "Tensor pair_out, Tensor pair_offsets) -> Tensor");
+  m.def(
+      "indice_avgpool(Tensor features, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, SymInt num_out) "
+      "-> (Tensor, Tensor)");
+  m.def(
+      "indice_avgpool_backward(Tensor out_grad, Tensor count, Tensor pair_in, Tensor pair_out, "
+      "Tensor pair_offsets, SymInt num_in) -> Tensor");
+  // ---- end pooling ----
 }

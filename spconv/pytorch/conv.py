@@ -116,6 +116,14 @@ class SparseConvolution(SparseModule):
     def is_inverseable(self) -> bool:
         return self.indice_key is not None and not self.subm
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # spconv 1.x ([*k, Cin, Cout]) and SPCONV_SAVED_WEIGHT_LAYOUT checkpoints: see pytorch/_checkpoint.py.
+        from spconv.pytorch._checkpoint import convert_saved_weight
+        convert_saved_weight(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def extra_repr(self):
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
              f"padding={self.padding}, dilation={self.dilation}")

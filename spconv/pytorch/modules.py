@@ -19,9 +19,14 @@ class SparseModule(nn.Module):
     def name(self) -> Optional[str]:
         return self._sparse_unique_name or None
 
+    @name.setter
+    def name(self, value: Optional[str]):
+        self._sparse_unique_name = "" if value is None else value
+
 
 def is_spconv_module(module: nn.Module) -> bool:
-    return isinstance(module, SparseModule)
+    """Modules that take the SparseConvTensor itself inside SparseSequential (dense ones get ``.features``)."""
+    return isinstance(module, (SparseModule, SparseBatchNorm, SparseSyncBatchNorm, SparseReLU, SparseIdentity))
 
 
 def is_sparse_conv(module: nn.Module) -> bool:
@@ -76,3 +81,58 @@ class SparseSequential(SparseModule):
             else:
                 input = module(input)
         return input
+
+
+def assign_name_for_sparse_modules(module: nn.Module):
+    """Names every sparse submodule by its path in ``module`` (spconv's benchmark records use the names)."""
+    for name, child in module.named_modules():
+        if isinstance(child, SparseModule):
+            child._sparse_unique_name = name
+
+
+class _FeatureWise:
+    """Mixin for dense modules that also accept a SparseConvTensor: applied to ``.features``.
+
+    They exist (as in spconv 2.x) so torch.fx-based tools see a sparse-aware module. A tensor with no active
+    sites passes through unchanged, as SparseSequential does for dense modules (BatchNorm can't run on 0 rows).
+    """
+
+    def forward(self, input):
+        if isinstance(input, SparseConvTensor):
+            if input.features.shape[0] == 0:
+                return input
+            return input.replace_feature(super().forward(input.features))
+        return super().forward(input)
+
+
+class SparseBatchNorm(_FeatureWise, nn.BatchNorm1d):
+    pass
+
+
+class SparseSyncBatchNorm(_FeatureWise, nn.SyncBatchNorm):
+    pass
+
+
+class SparseReLU(_FeatureWise, nn.ReLU):
+    pass
+
+
+class SparseIdentity(_FeatureWise, nn.Identity):
+    pass
+
+
+class ToDense(SparseModule):
+    """SparseConvTensor -> dense ``[B, C, *spatial]`` (channels first)."""
+
+    def forward(self, x: SparseConvTensor) -> torch.Tensor:
+        if not isinstance(x, SparseConvTensor):
+            raise TypeError(f"ToDense expects a SparseConvTensor, got {type(x).__name__}")
+        return x.dense()
+
+
+class RemoveGrid(SparseModule):
+    """Drops the tensor's pre-allocated grid buffer (spconv 1.x); returns the same tensor."""
+
+    def forward(self, x: SparseConvTensor) -> SparseConvTensor:
+        x.grid = None
+        return x

@@ -89,3 +89,74 @@ def indice_conv_native(features: torch.Tensor, filters: torch.Tensor, maps: Pair
                        num_out: int) -> torch.Tensor:
     """Native route: ``out[pair_out] += features[pair_in] @ filters[k]``; filters ``[kvol, Cin, Cout]``."""
     return _ops.indice_conv(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out)
+
+
+# ---- pooling (native route): wrappers, fake kernels, autograd ----
+
+@torch.library.register_fake("spconv::indice_maxpool")
+def _indice_maxpool_fake(features, pair_in, pair_out, pair_offsets, num_out):
+    return features.new_empty((num_out, features.shape[1]))
+
+
+@torch.library.register_fake("spconv::indice_maxpool_backward")
+def _indice_maxpool_backward_fake(features, out_features, out_grad, pair_in, pair_out, pair_offsets):
+    return torch.empty_like(features)
+
+
+@torch.library.register_fake("spconv::indice_avgpool")
+def _indice_avgpool_fake(features, pair_in, pair_out, pair_offsets, num_out):
+    return features.new_empty((num_out, features.shape[1])), pair_in.new_empty((num_out,))
+
+
+@torch.library.register_fake("spconv::indice_avgpool_backward")
+def _indice_avgpool_backward_fake(out_grad, count, pair_in, pair_out, pair_offsets, num_in):
+    return out_grad.new_empty((num_in, out_grad.shape[1]))
+
+
+def _maxpool_setup_context(ctx, inputs, output):
+    features, pair_in, pair_out, pair_offsets, _ = inputs
+    ctx.save_for_backward(features, output, pair_in, pair_out, pair_offsets)
+
+
+def _maxpool_backward(ctx, grad):
+    features, out, pair_in, pair_out, pair_offsets = ctx.saved_tensors
+    dx = _ops.indice_maxpool_backward(features, out, grad.contiguous(), pair_in, pair_out, pair_offsets)
+    return dx, None, None, None, None
+
+
+torch.library.register_autograd("spconv::indice_maxpool", _maxpool_backward, setup_context=_maxpool_setup_context)
+
+
+def _avgpool_setup_context(ctx, inputs, output):
+    features, pair_in, pair_out, pair_offsets, _ = inputs
+    ctx.save_for_backward(output[1], pair_in, pair_out, pair_offsets)
+    ctx.num_in = features.shape[0]
+    ctx.mark_non_differentiable(output[1])
+
+
+def _avgpool_backward(ctx, grad, _grad_count):
+    count, pair_in, pair_out, pair_offsets = ctx.saved_tensors
+    dx = _ops.indice_avgpool_backward(grad.contiguous(), count, pair_in, pair_out, pair_offsets, ctx.num_in)
+    return dx, None, None, None, None
+
+
+torch.library.register_autograd("spconv::indice_avgpool", _avgpool_backward, setup_context=_avgpool_setup_context)
+
+
+def indice_maxpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
+    """``max(0, max of the window's active inputs)`` per output (spconv's max-pool semantics)."""
+    return _ops.indice_maxpool(features, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out)
+
+
+def indice_avgpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Mean over the window's active inputs per output, and the int32 count of those inputs."""
+    return _ops.indice_avgpool(features, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out)
+
+
+# spconv 2.x's public ops functions (get_indice_pairs, indice_conv, implicit_gemm, indice_maxpool, ...).
+from spconv.pytorch._ops_compat import (get_indice_pairs, get_indice_pairs_implicit_gemm,  # noqa: E402,F401
+                                        global_pool_rearrange, implicit_gemm, implicit_gemm_backward,
+                                        indice_avgpool_implicit_gemm, indice_avgpool_implicit_gemm_backward,
+                                        indice_conv, indice_conv_backward, indice_maxpool, indice_maxpool_backward,
+                                        indice_maxpool_implicit_gemm, indice_maxpool_implicit_gemm_backward,
+                                        maximum_value_int_)

@@ -1,0 +1,139 @@
+// CPU implementation of sparse max/avg pooling over a kernel map (native route).
+// FP16/BF16 are computed in FP32 (exact for max) and returned in their dtype.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "../checks.h"
+#include "../../native/pool.h"
+
+namespace spconv {
+namespace ops {
+namespace {
+
+at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Pairs come from Python callers too (spconv.pytorch.ops), so their rows are range-checked before
+// any kernel indexes with them.
+void check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                     int64_t num_in, int64_t num_out) {
+  const int64_t kvol = pair_offsets.size(0) - 1;
+  const int64_t* po = pair_offsets.const_data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(po[0] == 0 && po[kvol] == pair_in.size(0), "pair_offsets must start at 0 and end at the ",
+                    "number of pairs ", pair_in.size(0), ", got ", po[0], " and ", po[kvol]);
+  for (int64_t k = 0; k < kvol; ++k)
+    TORCH_CHECK_VALUE(po[k] <= po[k + 1], "pair_offsets must be non-decreasing, got ", pair_offsets);
+  if (pair_in.numel() == 0) return;
+  auto in_mm = at::aminmax(pair_in), out_mm = at::aminmax(pair_out);
+  TORCH_CHECK_VALUE(std::get<0>(in_mm).item<int32_t>() >= 0 && std::get<1>(in_mm).item<int32_t>() < num_in,
+                    "pair_in holds rows outside [0, ", num_in, ")");
+  TORCH_CHECK_VALUE(std::get<0>(out_mm).item<int32_t>() >= 0 && std::get<1>(out_mm).item<int32_t>() < num_out,
+                    "pair_out holds rows outside [0, num_out=", num_out, ")");
+}
+
+at::Tensor indice_maxpool_cpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
+                              const at::Tensor& pair_offsets, int64_t num_out) {
+  check_features(features, "features");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
+  check_pair_rows(pin, pout, po, features.size(0), num_out);
+  const auto ct = compute_type(features.scalar_type());
+  at::Tensor x = features.to(ct).contiguous();
+  at::Tensor out = at::zeros({num_out, features.size(1)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(ct, "indice_maxpool", [&] {
+    native::maxpool_forward<scalar_t>(x.const_data_ptr<scalar_t>(), x.size(1), pin.const_data_ptr<int32_t>(),
+                                      pout.const_data_ptr<int32_t>(), po.const_data_ptr<int64_t>(),
+                                      po.size(0) - 1, out.mutable_data_ptr<scalar_t>());
+  });
+  return out.to(features.scalar_type());
+}
+
+at::Tensor indice_maxpool_backward_cpu(const at::Tensor& features, const at::Tensor& out_features,
+                                       const at::Tensor& out_grad, const at::Tensor& pair_in,
+                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+  check_features(features, "features");
+  check_features(out_features, "out_features");
+  check_features(out_grad, "out_grad");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  TORCH_CHECK_VALUE(out_features.sizes() == out_grad.sizes(), "out_grad must have the shape of out_features ",
+                    out_features.sizes(), ", got ", out_grad.sizes());
+  TORCH_CHECK_VALUE(out_features.size(1) == features.size(1), "out_features have ", out_features.size(1),
+                    " channels but features have ", features.size(1));
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
+  check_pair_rows(pin, pout, po, features.size(0), out_features.size(0));
+  const auto ct = compute_type(features.scalar_type());
+  at::Tensor x = features.to(ct).contiguous();
+  at::Tensor y = out_features.to(ct).contiguous();
+  at::Tensor dy = out_grad.to(ct).contiguous();
+  at::Tensor dx = at::zeros_like(x);
+  AT_DISPATCH_FLOATING_TYPES(ct, "indice_maxpool_backward", [&] {
+    native::maxpool_backward<scalar_t>(x.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(),
+                                       dy.const_data_ptr<scalar_t>(), x.size(1), y.size(0),
+                                       pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                       po.const_data_ptr<int64_t>(), po.size(0) - 1,
+                                       dx.mutable_data_ptr<scalar_t>());
+  });
+  return dx.to(features.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor> indice_avgpool_cpu(const at::Tensor& features, const at::Tensor& pair_in,
+                                                      const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                                                      int64_t num_out) {
+  check_features(features, "features");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
+  check_pair_rows(pin, pout, po, features.size(0), num_out);
+  const auto ct = compute_type(features.scalar_type());
+  at::Tensor x = features.to(ct).contiguous();
+  at::Tensor out = at::zeros({num_out, features.size(1)}, x.options());
+  at::Tensor count = at::zeros({num_out}, pair_in.options());
+  AT_DISPATCH_FLOATING_TYPES(ct, "indice_avgpool", [&] {
+    native::avgpool_forward<scalar_t>(x.const_data_ptr<scalar_t>(), x.size(1), num_out,
+                                      pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                      po.const_data_ptr<int64_t>(), po.size(0) - 1,
+                                      out.mutable_data_ptr<scalar_t>(), count.mutable_data_ptr<int32_t>());
+  });
+  return {out.to(features.scalar_type()), count};
+}
+
+at::Tensor indice_avgpool_backward_cpu(const at::Tensor& out_grad, const at::Tensor& count,
+                                       const at::Tensor& pair_in, const at::Tensor& pair_out,
+                                       const at::Tensor& pair_offsets, int64_t num_in) {
+  check_features(out_grad, "out_grad");
+  check_pairs(pair_in, pair_out, pair_offsets, out_grad);
+  TORCH_CHECK_TYPE(count.scalar_type() == at::kInt, "count must be int32, got ", count.scalar_type());
+  TORCH_CHECK_VALUE(count.dim() == 1 && count.size(0) == out_grad.size(0), "count must be [num_out=",
+                    out_grad.size(0), "], got ", count.sizes());
+  TORCH_CHECK_VALUE(num_in >= 0, "num_in must be >= 0, got ", num_in);
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
+  check_pair_rows(pin, pout, po, num_in, out_grad.size(0));
+  at::Tensor cnt = count.contiguous();
+  if (pin.numel()) {
+    // Every output that a pair reaches has a count >= 1, else the division below would be by zero.
+    TORCH_CHECK_VALUE(cnt.index_select(0, pout.to(at::kLong)).min().item<int32_t>() >= 1,
+                      "count must be >= 1 for every output reached by a pair");
+  }
+  const auto ct = compute_type(out_grad.scalar_type());
+  at::Tensor dy = out_grad.to(ct).contiguous();
+  at::Tensor dx = at::zeros({num_in, out_grad.size(1)}, dy.options());
+  AT_DISPATCH_FLOATING_TYPES(ct, "indice_avgpool_backward", [&] {
+    native::avgpool_backward<scalar_t>(dy.const_data_ptr<scalar_t>(), cnt.const_data_ptr<int32_t>(), dy.size(1),
+                                       pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                       po.const_data_ptr<int64_t>(), po.size(0) - 1,
+                                       dx.mutable_data_ptr<scalar_t>());
+  });
+  return dx.to(out_grad.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(spconv, CPU, m) {
+  m.impl("indice_maxpool", &indice_maxpool_cpu);
+  m.impl("indice_maxpool_backward", &indice_maxpool_backward_cpu);
+  m.impl("indice_avgpool", &indice_avgpool_cpu);
+  m.impl("indice_avgpool_backward", &indice_avgpool_backward_cpu);
+}
+
+}  // namespace ops
+}  // namespace spconv
