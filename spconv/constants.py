@@ -10,6 +10,9 @@ def _env_flag(name: str, default: str = "0") -> bool:
 SPCONV_FORCE_NATIVE = _env_flag("SPCONV_FORCE_NATIVE")
 # Allow TF32 tensor cores for FP32 convolutions on NVIDIA GPUs (like torch.backends.cuda.matmul.allow_tf32).
 SPCONV_ALLOW_TF32 = _env_flag("SPCONV_ALLOW_TF32")
+# Check that a regular/transposed conv's input has unique coordinates (costs a sort per layer; off by default,
+# duplicates then act as one site holding their summed features). Submanifold convs always check. Settable.
+SPCONV_CHECK_DUPLICATES = _env_flag("SPCONV_CHECK_DUPLICATES")
 # Weight layout of spconv 2.x (KRSC: [Cout, *kernel, Cin]); spconv 1.x saved [*kernel, Cin, Cout].
 FILTER_HWIO = False
 ALL_WEIGHT_IS_KRSC = True

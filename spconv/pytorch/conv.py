@@ -15,9 +15,10 @@ from torch import nn
 from torch.nn import init
 from torch.nn.parameter import Parameter
 
+from spconv import constants
 from spconv.core import Activation, ConvAlgo
 from spconv.pytorch import ops
-from spconv.pytorch.core import IndiceData, SparseConvTensor, expand_nd
+from spconv.pytorch.core import IndiceData, SparseConvTensor, check_unique_indices, expand_nd
 from spconv.pytorch.functional import conv_features, weight_to_filters
 from spconv.pytorch.modules import SparseModule
 
@@ -202,6 +203,8 @@ class SparseConvolution(SparseModule):
             outids = datas.out_indices
             maps = datas.maps
         else:
+            if constants.SPCONV_CHECK_DUPLICATES and not self.subm:  # subm checks in the kernel-map builder
+                check_unique_indices(input.indices)
             outids, maps = ops.build_kernel_map(input.indices, input.batch_size, spatial_shape, out_spatial_shape,
                                                 self.kernel_size, self.stride, self.padding, self.dilation,
                                                 self.subm, self.transposed)

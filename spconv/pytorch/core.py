@@ -118,6 +118,34 @@ def scatter_nd(indices: torch.Tensor, updates: torch.Tensor, shape: List[int]) -
     return ret
 
 
+def check_indices_in_grid(indices: torch.Tensor, spatial_shape: List[int], batch_size: int):
+    """ValueError naming the first row with a batch index or coordinate outside ``[0, batch_size) x spatial_shape``."""
+    if indices.shape[0] == 0:
+        return
+    high = torch.tensor([batch_size] + list(spatial_shape), dtype=torch.long, device=indices.device)
+    bad = ((indices < 0) | (indices.long() >= high)).any(1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(f"indices row {row} = {indices[row].tolist()} is outside batch_size={batch_size} x "
+                         f"spatial_shape {list(spatial_shape)}")
+
+
+def check_unique_indices(indices: torch.Tensor):
+    """ValueError naming two rows of ``indices`` that hold the same (batch, coordinate)."""
+    if indices.shape[0] < 2:
+        return
+    order = torch.arange(indices.shape[0], device=indices.device)
+    for col in reversed(range(indices.shape[1])):  # lexicographic sort by stable passes, no key overflow
+        order = order[torch.sort(indices[order, col], stable=True).indices]
+    rows = indices[order]
+    same = (rows[1:] == rows[:-1]).all(1)
+    if bool(same.any()):
+        pos = int(same.nonzero()[0, 0])
+        a, b = sorted((int(order[pos]), int(order[pos + 1])))
+        raise ValueError(f"indices rows {a} and {b} hold the same coordinate {indices[a].tolist()}; this layer "
+                         "needs unique coordinates (spconv.constants.SPCONV_CHECK_DUPLICATES is on)")
+
+
 class SparseConvTensor:
     """Sparse features ``[N, C]`` at int32 ``indices [N, 1 + ndim]`` (batch first) on a grid ``spatial_shape``."""
 
@@ -251,6 +279,7 @@ class SparseConvTensor:
     def dense(self, channels_first: bool = True) -> torch.Tensor:
         """``[B, C, *spatial]`` (or ``[B, *spatial, C]``); inactive sites are zero."""
         shape = [self.batch_size] + self.spatial_shape + [self._features.shape[1]]
+        check_indices_in_grid(self.indices, self.spatial_shape, self.batch_size)  # else rows would wrap silently
         res = scatter_nd(self.indices.to(self._features.device).long(), self._features, shape)
         if not channels_first:
             return res
