@@ -43,4 +43,24 @@ TORCH_LIBRARY(spconv, m) {
       "indice_avgpool_backward(Tensor out_grad, Tensor count, Tensor pair_in, Tensor pair_out, "
       "Tensor pair_offsets, SymInt num_in) -> Tensor");
   // ---- end pooling ----
+
+  // ---- fused route (section owner: gpu) ----
+  // Output-stationary implicit GEMM over an out->in neighbour table (spconv's MaskImplicitGemm idea).
+  // build_fused_map: nbr [num_rows, kvol] int32 with nbr[pair_out[p], k(p)] = pair_in[p] (-1 = none);
+  // masks [num_splits, num_rows] int32: for split s (offsets k0 = s*kvol/S <= k < k1 = (s+1)*kvol/S,
+  // gs = ceil((k1-k0)/32) offsets per bit) bit (k-k0)/gs is set when nbr[r, k] >= 0; order
+  // [num_splits, num_rows] int32: the rows stably sorted by their mask read as unsigned. For dinput
+  // pass the pairs swapped (pair_out, pair_in) and num_rows = number of inputs, and filters [kvol, Cout, Cin].
+  m.def(
+      "build_fused_map(Tensor pair_in, Tensor pair_out, Tensor pair_offsets, SymInt num_rows, int num_splits) "
+      "-> (Tensor nbr, Tensor masks, Tensor order)");
+  // out[r] = sum_k features[nbr[r, k]] @ filters[k]; float32/float16/bfloat16 with fp32 accumulation.
+  m.def("fused_conv(Tensor features, Tensor filters, Tensor nbr, Tensor masks, Tensor order) -> Tensor");
+  // dfilters[k] = sum over the pairs p of offset k of features[pair_in[p]]^T out_grad[pair_out[p]].
+  m.def(
+      "fused_conv_dfilter(Tensor features, Tensor out_grad, Tensor pair_in, Tensor pair_out, Tensor pair_offsets) "
+      "-> Tensor");
+  // Which kernel body fused_conv runs for this tensor's device and dtype: reference, simt, wmma or mfma.
+  m.def("fused_conv_path(Tensor features) -> str");
+  // ---- end fused route ----
 }

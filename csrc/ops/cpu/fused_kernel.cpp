@@ -1,0 +1,154 @@
+// CPU reference of the fused route (build_fused_map, fused_conv, fused_conv_dfilter). It follows the GPU
+// kernels' semantics exactly, masks included (an offset whose mask bit is clear is skipped even if the table
+// has a neighbour), so that a mask or ordering bug shows on the CPU tests, and it is the oracle the GPU tests
+// compare against. Splits run one after the other; each split's partial sum is rounded to the output dtype
+// before the next split adds to it, as on the GPU.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "../checks.h"
+#include "../gpu/fused_checks.h"
+
+namespace spconv {
+namespace ops {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_cpu(const at::Tensor& pair_in_arg,
+                                                                   const at::Tensor& pair_out_arg,
+                                                                   const at::Tensor& pair_offsets_arg,
+                                                                   int64_t num_rows, int64_t num_splits) {
+  check_fused_map_args(pair_in_arg, pair_out_arg, pair_offsets_arg, num_rows, num_splits);
+  const int64_t kvol = pair_offsets_arg.size(0) - 1;
+  at::Tensor pair_in = pair_in_arg.contiguous(), pair_out = pair_out_arg.contiguous();
+  at::Tensor po_t = pair_offsets_arg.contiguous();
+  const int32_t* pin = pair_in.const_data_ptr<int32_t>();
+  const int32_t* pout = pair_out.const_data_ptr<int32_t>();
+  const int64_t* po = po_t.const_data_ptr<int64_t>();
+  check_pair_offsets_host(po, kvol, pair_in.size(0));
+  auto opts = pair_in.options();
+  at::Tensor nbr = at::full({num_rows, kvol}, -1, opts);
+  int32_t* nb = nbr.mutable_data_ptr<int32_t>();
+  for (int64_t k = 0; k < kvol; ++k)
+    for (int64_t p = po[k]; p < po[k + 1]; ++p) {
+      TORCH_CHECK_VALUE(pout[p] >= 0 && pout[p] < num_rows, "pair_out[", p, "] = ", pout[p],
+                        " is outside [0, num_rows=", num_rows, ")");
+      TORCH_CHECK_VALUE(pin[p] >= 0, "pair_in[", p, "] = ", pin[p], " is negative");
+      nb[pout[p] * kvol + k] = pin[p];
+    }
+  at::Tensor masks = at::empty({num_splits, num_rows}, opts);
+  int32_t* m = masks.mutable_data_ptr<int32_t>();
+  for (int64_t s = 0; s < num_splits; ++s) {
+    const int64_t k0 = s * kvol / num_splits, k1 = (s + 1) * kvol / num_splits;
+    const int64_t gs = std::max<int64_t>(1, (k1 - k0 + 31) / 32);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      uint32_t bits = 0;
+      for (int64_t k = k0; k < k1; ++k)
+        if (nb[r * kvol + k] >= 0) bits |= 1u << ((k - k0) / gs);
+      m[s * num_rows + r] = static_cast<int32_t>(bits);
+    }
+  }
+  at::Tensor order = at::empty({num_splits, num_rows}, opts);
+  int32_t* o = order.mutable_data_ptr<int32_t>();
+  for (int64_t s = 0; s < num_splits; ++s) {
+    int32_t* os = o + s * num_rows;
+    const int32_t* ms = m + s * num_rows;
+    std::iota(os, os + num_rows, 0);
+    std::stable_sort(os, os + num_rows, [&](int32_t a, int32_t b) {
+      return static_cast<uint32_t>(ms[a]) < static_cast<uint32_t>(ms[b]);
+    });
+  }
+  return {nbr, masks, order};
+}
+
+template <typename acc_t>
+void fused_split(const acc_t* x, const acc_t* w, const int32_t* nb, const int32_t* ms, const int32_t* os,
+                 int64_t n_out, int64_t kvol, int64_t cin, int64_t cout, int64_t k0, int64_t k1, acc_t* y) {
+  const int64_t gs = std::max<int64_t>(1, (k1 - k0 + 31) / 32);
+  at::parallel_for(0, n_out, 64, [&](int64_t b, int64_t e) {
+    std::vector<acc_t> acc(static_cast<size_t>(cout));
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t r = os[t];
+      const uint32_t mask = static_cast<uint32_t>(ms[r]);
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t k = k0; k < k1; ++k) {
+        if (!((mask >> ((k - k0) / gs)) & 1u)) continue;
+        const int32_t src = nb[r * kvol + k];
+        if (src < 0) continue;
+        const acc_t* xr = x + static_cast<int64_t>(src) * cin;
+        const acc_t* wk = w + k * cin * cout;
+        for (int64_t c = 0; c < cin; ++c) {
+          const acc_t xv = xr[c];
+          const acc_t* wr = wk + c * cout;
+          for (int64_t j = 0; j < cout; ++j) acc[j] += xv * wr[j];
+        }
+      }
+      std::copy(acc.begin(), acc.end(), y + r * cout);
+    }
+  });
+}
+
+at::Tensor fused_conv_cpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr_arg,
+                          const at::Tensor& masks_arg, const at::Tensor& order_arg) {
+  check_fused_conv_args(features, filters, nbr_arg, masks_arg, order_arg, /*allow_double=*/true);
+  const int64_t n_out = nbr_arg.size(0), kvol = nbr_arg.size(1), cin = features.size(1), cout = filters.size(2);
+  const int64_t splits = masks_arg.size(0);
+  const auto ct = features.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor x = features.to(ct).contiguous(), w = filters.to(ct).contiguous();
+  at::Tensor nbr = nbr_arg.contiguous(), masks = masks_arg.contiguous(), order = order_arg.contiguous();
+  const int32_t* nb = nbr.const_data_ptr<int32_t>();
+  for (int64_t t = 0; t < n_out * kvol; ++t)
+    TORCH_CHECK_VALUE(nb[t] < features.size(0), "nbr holds row ", nb[t], " but features have ", features.size(0),
+                      " rows");
+  at::Tensor out;  // in the output dtype, after each split
+  for (int64_t s = 0; s < splits; ++s) {
+    const int64_t k0 = s * kvol / splits, k1 = (s + 1) * kvol / splits;
+    at::Tensor part = at::zeros({n_out, cout}, x.options());
+    AT_DISPATCH_FLOATING_TYPES(ct, "fused_conv_cpu", [&] {
+      fused_split<scalar_t>(x.const_data_ptr<scalar_t>(), w.const_data_ptr<scalar_t>(), nb,
+                            masks.const_data_ptr<int32_t>() + s * n_out, order.const_data_ptr<int32_t>() + s * n_out,
+                            n_out, kvol, cin, cout, k0, k1, part.mutable_data_ptr<scalar_t>());
+    });
+    out = s == 0 ? part.to(features.scalar_type()) : (out.to(ct) + part).to(features.scalar_type());
+  }
+  return out;
+}
+
+at::Tensor fused_conv_dfilter_cpu(const at::Tensor& features, const at::Tensor& out_grad, const at::Tensor& pair_in,
+                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+  check_fused_dfilter_args(features, out_grad, pair_in, pair_out, pair_offsets, /*allow_double=*/true);
+  const int64_t kvol = pair_offsets.size(0) - 1, cin = features.size(1), cout = out_grad.size(1);
+  const auto ct = features.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor x = features.to(ct), dy = out_grad.to(ct);
+  at::Tensor po_t = pair_offsets.contiguous();
+  const int64_t* po = po_t.const_data_ptr<int64_t>();
+  check_pair_offsets_host(po, kvol, pair_in.size(0));
+  at::Tensor pin = pair_in.to(at::kLong), pout = pair_out.to(at::kLong);
+  at::Tensor dw = at::zeros({kvol, cin, cout}, x.options());
+  for (int64_t k = 0; k < kvol; ++k) {
+    const int64_t b = po[k], n = po[k + 1] - b;
+    if (n == 0) continue;
+    at::Tensor a = x.index_select(0, pin.narrow(0, b, n));
+    at::Tensor g = dy.index_select(0, pout.narrow(0, b, n));
+    dw[k].copy_(at::mm(a.t(), g));
+  }
+  return dw.to(features.scalar_type());
+}
+
+std::string fused_conv_path_cpu(const at::Tensor&) { return "reference"; }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(spconv, CPU, m) {
+  m.impl("build_fused_map", &build_fused_map_cpu);
+  m.impl("fused_conv", &fused_conv_cpu);
+  m.impl("fused_conv_dfilter", &fused_conv_dfilter_cpu);
+  m.impl("fused_conv_path", &fused_conv_path_cpu);
+}
+
+}  // namespace ops
+}  // namespace spconv

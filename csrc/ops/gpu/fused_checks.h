@@ -1,0 +1,66 @@
+// Argument checks of the fused-route ops, shared by the CPU reference and the GPU glue.
+#pragma once
+#include <ATen/ATen.h>
+
+#include "../checks.h"
+
+namespace spconv {
+namespace ops {
+
+constexpr int64_t kMaxFusedSplits = 4;
+
+inline void check_fused_map_args(const at::Tensor& pair_in, const at::Tensor& pair_out,
+                                 const at::Tensor& pair_offsets, int64_t num_rows, int64_t num_splits) {
+  check_pairs(pair_in, pair_out, pair_offsets, pair_in);
+  TORCH_CHECK_VALUE(num_rows >= 0 && num_rows < (int64_t{1} << 31), "num_rows must be in [0, 2^31), got ",
+                    num_rows);
+  const int64_t kvol = pair_offsets.size(0) - 1;
+  TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= std::min(kMaxFusedSplits, kvol), "num_splits must be in [1, ",
+                    std::min(kMaxFusedSplits, kvol), "] for kvol=", kvol, ", got ", num_splits);
+  TORCH_CHECK_VALUE(num_rows * kvol < (int64_t{1} << 40), "neighbour table too large: ", num_rows, " x ", kvol);
+}
+
+// pair_offsets read on the host: starts at 0, never decreases, ends at the pair count.
+inline void check_pair_offsets_host(const int64_t* po, int64_t kvol, int64_t npairs) {
+  TORCH_CHECK_VALUE(po[0] == 0 && po[kvol] == npairs, "pair_offsets must start at 0 and end at the number of pairs (",
+                    npairs, "), got ", po[0], " ... ", po[kvol]);
+  for (int64_t k = 0; k < kvol; ++k)
+    TORCH_CHECK_VALUE(po[k] <= po[k + 1], "pair_offsets must be non-decreasing (offset ", k, ")");
+}
+
+inline void check_fused_conv_args(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr,
+                                  const at::Tensor& masks, const at::Tensor& order, bool allow_double) {
+  check_features(features, "features");
+  TORCH_CHECK_TYPE(allow_double || features.scalar_type() != at::kDouble,
+                   "fused_conv on the GPU supports float32, float16 and bfloat16, got float64");
+  TORCH_CHECK_TYPE(nbr.scalar_type() == at::kInt && masks.scalar_type() == at::kInt && order.scalar_type() == at::kInt,
+                   "nbr, masks and order must be int32");
+  TORCH_CHECK_VALUE(nbr.dim() == 2 && nbr.size(1) >= 1, "nbr must be [num_rows, kvol], got ", nbr.sizes());
+  const int64_t n = nbr.size(0);
+  TORCH_CHECK_VALUE(masks.dim() == 2 && masks.size(1) == n && masks.size(0) >= 1 &&
+                        masks.size(0) <= std::min(kMaxFusedSplits, nbr.size(1)),
+                    "masks must be [num_splits, num_rows=", n, "], got ", masks.sizes());
+  TORCH_CHECK_VALUE(order.sizes() == masks.sizes(), "order must have the shape of masks ", masks.sizes(), ", got ",
+                    order.sizes());
+  check_filters(filters, features, nbr.size(1));
+  TORCH_CHECK_VALUE(nbr.device() == features.device() && masks.device() == features.device() &&
+                        order.device() == features.device(),
+                    "nbr, masks and order must be on the features' device ", features.device());
+}
+
+inline void check_fused_dfilter_args(const at::Tensor& features, const at::Tensor& out_grad,
+                                     const at::Tensor& pair_in, const at::Tensor& pair_out,
+                                     const at::Tensor& pair_offsets, bool allow_double) {
+  check_features(features, "features");
+  check_features(out_grad, "out_grad");
+  TORCH_CHECK_TYPE(allow_double || features.scalar_type() != at::kDouble,
+                   "fused_conv_dfilter on the GPU supports float32, float16 and bfloat16, got float64");
+  TORCH_CHECK_TYPE(out_grad.scalar_type() == features.scalar_type(), "out_grad dtype ", out_grad.scalar_type(),
+                   " differs from features dtype ", features.scalar_type());
+  TORCH_CHECK_VALUE(out_grad.device() == features.device(), "out_grad is on ", out_grad.device(),
+                    " but features on ", features.device());
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+}
+
+}  // namespace ops
+}  // namespace spconv

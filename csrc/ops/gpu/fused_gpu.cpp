@@ -1,0 +1,110 @@
+// GPU glue of the fused route: neighbour tables with masks and mask-sorted row orders, the
+// output-stationary implicit-GEMM convolution, and the split-K dfilter.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <string>
+
+#include "../checks.h"
+#include "fused_checks.h"
+#include "gpu_common.h"
+
+namespace spconv {
+namespace ops {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_gpu(const at::Tensor& pair_in_arg,
+                                                                   const at::Tensor& pair_out_arg,
+                                                                   const at::Tensor& pair_offsets_arg,
+                                                                   int64_t num_rows, int64_t num_splits) {
+  check_fused_map_args(pair_in_arg, pair_out_arg, pair_offsets_arg, num_rows, num_splits);
+  c10::DeviceGuard guard(pair_in_arg.device());
+  void* stream = current_stream(pair_in_arg.device());
+  const int64_t kvol = pair_offsets_arg.size(0) - 1, npairs = pair_in_arg.size(0);
+  at::Tensor pair_in = pair_in_arg.contiguous(), pair_out = pair_out_arg.contiguous();
+  at::Tensor po = pair_offsets_arg.contiguous();
+  auto opts = pair_in.options();
+  at::Tensor nbr = at::full({num_rows, kvol}, -1, opts);
+  if (npairs > 0) {
+    TORCH_CHECK_VALUE(num_rows > 0, "pairs given but num_rows is 0");
+    // One reduction (and sync) to keep out-of-range rows from writing outside the table.
+    at::Tensor bad = at::logical_or(pair_out.lt(0).logical_or(pair_out.ge(num_rows)), pair_in.lt(0)).any();
+    TORCH_CHECK_VALUE(!bad.item<bool>(), "pair_out must be in [0, num_rows=", num_rows, ") and pair_in >= 0");
+  }
+  check_launch(gpu::fused_map_fill(pair_in.const_data_ptr<int32_t>(), pair_out.const_data_ptr<int32_t>(),
+                                   po.const_data_ptr<int64_t>(), kvol, npairs, num_rows,
+                                   nbr.mutable_data_ptr<int32_t>(), stream),
+               "fused_map_fill");
+  at::Tensor masks = at::empty({num_splits, num_rows}, opts);
+  check_launch(gpu::fused_map_masks(nbr.const_data_ptr<int32_t>(), num_rows, kvol, static_cast<int>(num_splits),
+                                    masks.mutable_data_ptr<int32_t>(), stream),
+               "fused_map_masks");
+  at::Tensor key = masks.to(at::kLong).bitwise_and(int64_t{0xffffffff});
+  at::Tensor order = std::get<1>(at::sort(key, /*stable=*/true, /*dim=*/1, /*descending=*/false)).to(at::kInt);
+  return {nbr, masks, order};
+}
+
+at::Tensor fused_conv_gpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr_arg,
+                          const at::Tensor& masks_arg, const at::Tensor& order_arg) {
+  check_fused_conv_args(features, filters, nbr_arg, masks_arg, order_arg, /*allow_double=*/false);
+  c10::DeviceGuard guard(features.device());
+  void* stream = current_stream(features.device());
+  at::Tensor x = features.contiguous(), w = filters.contiguous();
+  at::Tensor nbr = nbr_arg.contiguous(), masks = masks_arg.contiguous(), order = order_arg.contiguous();
+  const int64_t n_out = nbr.size(0), kvol = nbr.size(1), cin = x.size(1), cout = w.size(2);
+  at::Tensor y = at::empty({n_out, cout}, x.options());
+  if (n_out == 0 || cout == 0) return y;
+  if (x.size(0) == 0 || cin == 0) return y.zero_();
+  check_launch(gpu::fused_conv_forward(gpu_dtype(x.scalar_type()), x.const_data_ptr(), w.const_data_ptr(),
+                                       nbr.const_data_ptr<int32_t>(), masks.const_data_ptr<int32_t>(),
+                                       order.const_data_ptr<int32_t>(), n_out, kvol, cin, cout,
+                                       static_cast<int>(masks.size(0)), y.mutable_data_ptr(), stream),
+               "fused_conv_forward");
+  return y;
+}
+
+at::Tensor fused_conv_dfilter_gpu(const at::Tensor& features, const at::Tensor& out_grad, const at::Tensor& pair_in,
+                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+  check_fused_dfilter_args(features, out_grad, pair_in, pair_out, pair_offsets, /*allow_double=*/false);
+  c10::DeviceGuard guard(features.device());
+  void* stream = current_stream(features.device());
+  const int64_t kvol = pair_offsets.size(0) - 1, cin = features.size(1), cout = out_grad.size(1);
+  const int64_t npairs = pair_in.size(0);
+  at::Tensor x = features.contiguous(), dy = out_grad.contiguous();
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
+  at::Tensor dw = at::empty({kvol, cin, cout}, x.options());
+  if (dw.numel() == 0) return dw;
+  if (npairs == 0) return dw.zero_();
+  // Split-K: enough blocks to fill the device, bounded workspace (<= 32M floats).
+  const int64_t per_offset = (npairs + kvol - 1) / kvol;
+  int64_t splits = std::clamp<int64_t>(per_offset / 2048, 1, 64);
+  const int64_t slice = kvol * cin * cout;
+  splits = std::max<int64_t>(1, std::min<int64_t>(splits, (int64_t{32} << 20) / slice));
+  at::Tensor ws = at::empty({splits * slice}, x.options().dtype(at::kFloat));
+  check_launch(gpu::fused_conv_dfilter(gpu_dtype(x.scalar_type()), x.const_data_ptr(), dy.const_data_ptr(),
+                                       pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                       po.const_data_ptr<int64_t>(), kvol, cin, cout, static_cast<int>(splits),
+                                       ws.mutable_data_ptr<float>(), dw.mutable_data_ptr(), stream),
+               "fused_conv_dfilter");
+  return dw;
+}
+
+std::string fused_conv_path_gpu(const at::Tensor& features) {
+  c10::DeviceGuard guard(features.device());
+  const auto t = features.scalar_type();
+  if (t != at::kFloat && t != at::kHalf && t != at::kBFloat16) return "unsupported";
+  return gpu::fused_forward_path(gpu_dtype(t));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(spconv, CUDA, m) {
+  m.impl("build_fused_map", &build_fused_map_gpu);
+  m.impl("fused_conv", &fused_conv_gpu);
+  m.impl("fused_conv_dfilter", &fused_conv_dfilter_gpu);
+  m.impl("fused_conv_path", &fused_conv_path_gpu);
+}
+
+}  // namespace ops
+}  // namespace spconv

@@ -1,0 +1,122 @@
+// GPU implementation of get_indice_pairs: hash-table kernel maps on the device. Compaction into pairs
+// grouped by offset (rows ascending within an offset, like the CPU route) uses ATen's nonzero.
+// SubM outputs are the input rows; regular/transposed outputs come sorted by packed coordinate.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <unordered_set>
+#include <vector>
+
+#include "../checks.h"
+#include "gpu_common.h"
+
+namespace spconv {
+namespace ops {
+namespace {
+
+// Same message as the CPU route: the first row whose coordinate repeats an earlier row's.
+[[noreturn]] void raise_duplicate(const at::Tensor& indices_cpu, const ConvGeometry& g) {
+  const int64_t n = indices_cpu.size(0), w = indices_cpu.size(1);
+  const int32_t* p = indices_cpu.const_data_ptr<int32_t>();
+  std::unordered_set<int64_t> seen;
+  int64_t dup = -1;
+  for (int64_t i = 0; i < n && dup < 0; ++i)
+    if (!seen.insert(pack_key(p[i * w], p + i * w + 1, g.in_shape, g.ndim)).second) dup = i;
+  TORCH_CHECK_VALUE(false, "indices row ", dup, " repeats the coordinate of an earlier row; "
+                    "submanifold convolution needs unique coordinates");
+  std::abort();
+}
+
+// table [rows, kvol] int32 (partner or -1) -> pairs grouped by offset, rows ascending within an offset.
+void compact(const at::Tensor& table, bool rows_are_outputs, at::Tensor& pair_in, at::Tensor& pair_out,
+             at::Tensor& pair_offsets) {
+  const int64_t rows = table.size(0), kvol = table.size(1);
+  at::Tensor tt = table.t().contiguous();  // [kvol, rows]
+  at::Tensor valid = tt.ge(0);
+  at::Tensor nz = at::nonzero(valid);  // [P, 2] (k, row), row-major order
+  at::Tensor k_idx = nz.select(1, 0), r_idx = nz.select(1, 1);
+  at::Tensor partner = tt.view(-1).index_select(0, k_idx * rows + r_idx);
+  at::Tensor row = r_idx.to(at::kInt);
+  pair_in = rows_are_outputs ? partner : row;
+  pair_out = rows_are_outputs ? row : partner;
+  at::Tensor counts = valid.sum(1);  // int64 [kvol]
+  pair_offsets = at::cat({at::zeros({1}, counts.options()), at::cumsum(counts, 0)});
+  (void)kvol;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
+    const at::Tensor& indices_arg, int64_t batch_size, at::IntArrayRef spatial_shape, at::IntArrayRef out_shape,
+    at::IntArrayRef ksize, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool subm,
+    bool transpose) {
+  const int64_t ndim = static_cast<int64_t>(spatial_shape.size());
+  check_indices(indices_arg, ndim);
+  ConvGeometry g = make_geometry(ndim, spatial_shape, subm ? spatial_shape : out_shape, ksize, stride, padding,
+                                 dilation);
+  if (subm) {
+    for (int64_t d = 0; d < ndim; ++d)
+      TORCH_CHECK_VALUE(stride[d] == 1, "submanifold convolution needs stride 1, got ", stride);
+  }
+  at::Tensor indices_cpu = indices_arg.cpu().contiguous();
+  check_coordinates(indices_cpu, batch_size, g);
+  c10::DeviceGuard guard(indices_arg.device());
+  void* stream = current_stream(indices_arg.device());
+  at::Tensor indices = indices_arg.contiguous();
+  const int64_t n = indices.size(0);
+  const int32_t* ip = indices.const_data_ptr<int32_t>();
+  auto iopts = indices.options();
+  auto lopts = iopts.dtype(at::kLong);
+  at::Tensor pair_in, pair_out, pair_offsets;
+
+  if (subm) {
+    const int64_t cap = gpu::hash_capacity(n);
+    at::Tensor hkeys = at::empty({cap}, lopts), hvals = at::empty({cap}, iopts);
+    check_launch(gpu::hash_clear(hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap, stream),
+                 "hash_clear");
+    at::Tensor dup = at::full({1}, INT32_MAX, iopts);
+    check_launch(gpu::subm_insert(ip, n, g, hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap,
+                                  dup.mutable_data_ptr<int32_t>(), stream),
+                 "subm_insert");
+    if (dup.item<int32_t>() != INT32_MAX) raise_duplicate(indices_cpu, g);
+    at::Tensor nbr = at::empty({n, g.kvol}, iopts);
+    check_launch(gpu::subm_neighbors(ip, n, g, hkeys.const_data_ptr<int64_t>(), hvals.const_data_ptr<int32_t>(), cap,
+                                     nbr.mutable_data_ptr<int32_t>(), stream),
+                 "subm_neighbors");
+    compact(nbr, /*rows_are_outputs=*/true, pair_in, pair_out, pair_offsets);
+    return {indices_arg, pair_in, pair_out, pair_offsets};
+  }
+
+  at::Tensor keys = at::empty({n * g.kvol}, lopts);
+  check_launch(gpu::conv_candidate_keys(ip, n, g, transpose, keys.mutable_data_ptr<int64_t>(), stream),
+               "conv_candidate_keys");
+  const int64_t cap = gpu::hash_capacity(n * g.kvol);
+  at::Tensor hkeys = at::empty({cap}, lopts), hvals = at::empty({cap}, iopts);
+  check_launch(gpu::hash_clear(hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap, stream),
+               "hash_clear");
+  check_launch(gpu::hash_insert_keys(keys.const_data_ptr<int64_t>(), n * g.kvol, hkeys.mutable_data_ptr<int64_t>(),
+                                     cap, stream),
+               "hash_insert_keys");
+  at::Tensor uniq = std::get<0>(at::sort(at::masked_select(hkeys, hkeys.ge(0))));
+  const int64_t num_out = uniq.size(0);
+  TORCH_CHECK_VALUE(num_out < (int64_t{1} << 31), "too many output coordinates: ", num_out);
+  check_launch(gpu::hash_assign_rank(uniq.const_data_ptr<int64_t>(), num_out, hkeys.const_data_ptr<int64_t>(),
+                                     hvals.mutable_data_ptr<int32_t>(), cap, stream),
+               "hash_assign_rank");
+  at::Tensor table = at::empty({n, g.kvol}, iopts);
+  check_launch(gpu::hash_lookup(keys.const_data_ptr<int64_t>(), n * g.kvol, hkeys.const_data_ptr<int64_t>(),
+                                hvals.const_data_ptr<int32_t>(), cap, table.mutable_data_ptr<int32_t>(), stream),
+               "hash_lookup");
+  at::Tensor out_indices = at::empty({num_out, ndim + 1}, iopts);
+  check_launch(gpu::decode_keys(uniq.const_data_ptr<int64_t>(), num_out, g, /*use_out_shape=*/true,
+                                out_indices.mutable_data_ptr<int32_t>(), stream),
+               "decode_keys");
+  compact(table, /*rows_are_outputs=*/false, pair_in, pair_out, pair_offsets);
+  return {out_indices, pair_in, pair_out, pair_offsets};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(spconv, CUDA, m) { m.impl("get_indice_pairs", &get_indice_pairs_gpu); }
+
+}  // namespace ops
+}  // namespace spconv
