@@ -1,0 +1,168 @@
+"""``python -m spconv.benchmark``: argument parsing and the order things run in."""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from typing import List, Optional
+
+import torch
+
+import spconv
+from spconv.benchmark import compare, report
+from spconv.benchmark.plot import save_plot
+from spconv.benchmark.progress import iterate
+from spconv.benchmark.results import Record
+from spconv.benchmark.routes import chosen_route_name
+from spconv.benchmark.timing import Plan, default_plan
+from spconv.benchmark.workloads import basic, indices, layers
+from spconv.benchmark.workloads.common import DTYPES, Context
+
+WORKLOADS = ("basic", "large", "layers", "indices")
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m spconv.benchmark", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small scan and sweep (a smoke run, seconds)")
+    p.add_argument("--full", action="store_true", help="everything: large, 1e6-voxel layers, all dtypes, all routes")
+    p.add_argument("--workloads", default=None,
+                   help=f"comma list of {','.join(WORKLOADS)} (default: basic,layers,indices; --full and --points "
+                        "add large)")
+    p.add_argument("--data", metavar="FILE.npz", help="voxelized scan for basic: features, indices, spatial_shape")
+    p.add_argument("--points", metavar="FILE.npz", help="raw sweep (pc [N, 3]) for large: stacked x8, voxelized")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
+    p.add_argument("--dtypes", default=None, help="comma list of fp32,tf32,fp16,bf16 (default: fp32 on CPU; "
+                                                  "fp32,fp16 on GPU, plus tf32 on NVIDIA)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed iterations per measurement")
+    p.add_argument("--iters", type=int, default=None, help="timed iterations per measurement")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--cpu-route", action="store_true", help="on a GPU machine, time the host route too")
+    p.add_argument("--compare", metavar="TARGET",
+                   help="another spconv-compatible implementation, run on the basic workload in a subprocess: "
+                        "a python interpreter, an environment folder, a PYTHONPATH folder or a module name")
+    p.add_argument("--compare-module", default=None, help="module used in place of spconv.pytorch by --compare")
+    p.add_argument("--json", metavar="FILE", help="write every measurement, sample and check as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw per-layer times and throughput (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def pick_dtypes(args, device: torch.device) -> List[str]:
+    if args.dtypes:
+        names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+        bad = [d for d in names if d not in DTYPES]
+        if bad:
+            raise SystemExit(f"--dtypes: unknown {bad}; choose from {sorted(DTYPES)}")
+        return names
+    if device.type == "cpu":
+        return ["fp32", "bf16", "fp16"] if args.full else ["fp32"]
+    names = ["fp32"] + (["tf32"] if torch.version.cuda else []) + ["fp16"]
+    return names + ["bf16"] if args.full else names
+
+
+def pick_workloads(args) -> List[str]:
+    if args.workloads:
+        names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+        bad = [w for w in names if w not in WORKLOADS]
+        if bad:
+            raise SystemExit(f"--workloads: unknown {bad}; choose from {list(WORKLOADS)}")
+        return names
+    names = ["basic", "layers", "indices"]
+    if args.full or args.points:
+        names.insert(1, "large")
+    return names
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"CPU {model} ({os.cpu_count()} logical cores)"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    plan = default_plan(device, args.quick)
+    plan = Plan(plan.warmup if args.warmup is None else args.warmup, plan.iters if args.iters is None else args.iters)
+    record = Record()
+    info = spconv.build_info()
+    record.meta = {
+        "version": spconv.__version__, "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M UTC"), "command": "python -m spconv.benchmark " + shlex.join(sys.argv[1:] if argv is None
+                                                                                     else argv),
+        "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "backends": ",".join(info.get("backends", [])),
+        "chosen_route": chosen_route_name(device),
+        "timing": (f"{'CUDA events' if device.type == 'cuda' else 'host clock'}, {plan.describe()} per "
+                   f"measurement; median and min-max"),
+    }
+    ctx = Context(device=device, dtypes=pick_dtypes(args, device), plan=plan, record=record, quick=args.quick,
+                  full=args.full, with_cpu_route=args.cpu_route or (args.full and device.type == "cuda"),
+                  data=args.data, points=args.points, seed=args.seed)
+    workloads = pick_workloads(args)
+    tasks = []
+    for w in workloads:
+        tasks += {"basic": lambda: basic.tasks(ctx, "basic"), "large": lambda: basic.tasks(ctx, "large"),
+                  "layers": lambda: layers.tasks(ctx), "indices": lambda: indices.tasks(ctx)}[w]()
+    if args.compare and "basic" not in workloads:
+        raise SystemExit("--compare runs the basic workload: include it in --workloads")
+    print(report.format_header(record.meta), flush=True)
+    for task in iterate(tasks, enabled=not args.no_progress, notes=record.notes):
+        task.run()
+    compare_label = None
+    if args.compare:
+        target = compare.resolve_target(args.compare, args.compare_module)
+        scan = basic.basic_scan(ctx.data, ctx.quick, ctx.seed)
+        net = basic.build_net(torch.device("cpu"), torch.float32, ctx.seed)
+        dtypes = [d for d in ctx.dtypes if d != "tf32"]
+        try:
+            compare_label = compare.compare_basic(record, target, scan, net, dtypes, device, plan)
+        except (RuntimeError, OSError, subprocess_timeout()) as e:
+            record.notes.append(f"--compare {args.compare}: {e}")
+    print_report(record, compare_label)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(record.to_dict(), fh, indent=1)
+        print(f"wrote {args.json}")
+    if args.plot:
+        why = save_plot(record, args.plot)
+        print(why or f"wrote {args.plot}")
+    return 0 if record.all_ok else 1
+
+
+def subprocess_timeout():
+    import subprocess
+    return subprocess.TimeoutExpired
+
+
+def print_report(record: Record, compare_label: Optional[str]):
+    print()
+    print(report.format_measurements(record))
+    for key, rows in record.layers.items():
+        print(f"\n== per layer, forward: {key}")
+        print(report.format_layers(rows))
+    if compare_label:
+        ours = [m for m in record.measurements if m.workload == "basic" and m.chosen and m.library == "this"]
+        theirs = [m for m in record.measurements if m.library == compare_label]
+        print(f"\n== compare: basic, this vs {compare_label} ({record.meta['compare']['target']})")
+        print(report.format_compare(ours, theirs, compare_label))
+    print("\n== correctness")
+    print(report.format_checks(record.checks))
+    if record.notes:
+        print("\n== notes")
+        print("\n".join(f"- {n}" for n in record.notes))
+    failed = [c for c in record.checks if not c.ok]
+    print(f"\n{len(record.checks) - len(failed)} of {len(record.checks)} correctness checks passed"
+          + (f"; FAILED: {len(failed)}" if failed else ""))

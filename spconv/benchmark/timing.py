@@ -1,0 +1,131 @@
+"""Timing loops: host clocks on CPU, device events on GPU.
+
+Standalone on purpose (torch only): the compare worker times the other implementation with the same code.
+"""
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many untimed warm-ups and timed iterations one measurement runs."""
+
+    warmup: int
+    iters: int
+
+    def describe(self) -> str:
+        return f"{self.warmup} warm-up, {self.iters} timed iterations"
+
+
+# GPU: the issue's floor (>= 10 warm-ups, >= 50 timed iterations, device events).
+GPU_PLAN = Plan(10, 50)
+# CPU: a forward of the basic network takes seconds on a laptop-class CPU, so far fewer; stated in the output.
+CPU_PLAN = Plan(1, 3)
+CPU_QUICK_PLAN = Plan(1, 2)
+
+
+def default_plan(device: torch.device, quick: bool = False) -> Plan:
+    if device.type == "cuda":
+        return GPU_PLAN
+    return CPU_QUICK_PLAN if quick else CPU_PLAN
+
+
+@dataclass
+class Stats:
+    """Per-iteration times in milliseconds."""
+
+    samples_ms: List[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples_ms) if self.samples_ms else float("nan")
+
+    @property
+    def min(self) -> float:
+        return min(self.samples_ms) if self.samples_ms else float("nan")
+
+    @property
+    def max(self) -> float:
+        return max(self.samples_ms) if self.samples_ms else float("nan")
+
+    def to_dict(self) -> Dict[str, object]:
+        return {"median_ms": self.median, "min_ms": self.min, "max_ms": self.max, "samples_ms": self.samples_ms}
+
+
+class Clock:
+    """Marks points in time on the device's own timeline; ``elapsed`` waits for the device."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def elapsed_ms(self, start, end) -> float:
+        if self.cuda:
+            end.synchronize()
+            return start.elapsed_time(end)
+        return (end - start) * 1e3
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def time_fn(fn: Callable[[], object], device: torch.device, plan: Plan,
+            on_iter: Optional[Callable[[], None]] = None) -> Stats:
+    """Times ``fn()`` end to end: ``plan.warmup`` untimed calls, then ``plan.iters`` timed ones."""
+    clock = Clock(device)
+    for _ in range(plan.warmup):
+        fn()
+    clock.sync()
+    stats = Stats()
+    for _ in range(plan.iters):
+        t0 = clock.mark()
+        fn()
+        t1 = clock.mark()
+        stats.samples_ms.append(clock.elapsed_ms(t0, t1))
+        if on_iter is not None:
+            on_iter()
+    return stats
+
+
+def time_train_step(forward: Callable[[], torch.Tensor], grad: Callable[[torch.Tensor], torch.Tensor],
+                    device: torch.device, plan: Plan, zero_grad: Callable[[], None],
+                    on_iter: Optional[Callable[[], None]] = None) -> Dict[str, Stats]:
+    """Forward with autograd, then backward, timed separately within each iteration.
+
+    Returns ``{"forward_train", "backward", "forward_backward"}``.
+    """
+    clock = Clock(device)
+
+    def step(record: Optional[Dict[str, Stats]]):
+        zero_grad()
+        t0 = clock.mark()
+        out = forward()
+        t1 = clock.mark()
+        out.backward(grad(out))
+        t2 = clock.mark()
+        if record is not None:
+            f, b = clock.elapsed_ms(t0, t1), clock.elapsed_ms(t1, t2)
+            record["forward_train"].samples_ms.append(f)
+            record["backward"].samples_ms.append(b)
+            record["forward_backward"].samples_ms.append(f + b)
+
+    for _ in range(plan.warmup):
+        step(None)
+    clock.sync()
+    rec = {"forward_train": Stats(), "backward": Stats(), "forward_backward": Stats()}
+    for _ in range(plan.iters):
+        step(rec)
+        if on_iter is not None:
+            on_iter()
+    return rec

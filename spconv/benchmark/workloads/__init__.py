@@ -1,0 +1,1 @@
+"""Benchmark workloads. Each module exposes ``tasks(ctx) -> [Task]``; the CLI runs them under one progress bar."""
