@@ -6,6 +6,7 @@ import os
 import platform
 import shlex
 import sys
+import time
 from typing import List, Optional
 
 import torch
@@ -119,8 +120,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.compare and "basic" not in workloads:
         raise SystemExit("--compare runs the basic workload: include it in --workloads")
     print(report.format_header(record.meta), flush=True)
+    seconds = record.meta.setdefault("task_seconds", {})
     for task in iterate(tasks, enabled=not args.no_progress, notes=record.notes):
+        t0 = time.perf_counter()
         task.run()
+        seconds[task.label] = round(time.perf_counter() - t0, 2)
     compare_label = None
     if args.compare:
         target = compare.resolve_target(args.compare, args.compare_module)

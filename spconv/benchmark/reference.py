@@ -40,7 +40,7 @@ def dense_conv(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int)
 def dense_maxpool(x: torch.Tensor, mask: torch.Tensor, k: int, s: int):
     """Sparse max-pool (spconv semantics): an output is active if any input in its window is, and its value is
     max(0, max over the active inputs) -- the dense max-pool of the zero-filled tensor, clamped at 0."""
-    y = F.max_pool3d(x, k, s).clamp(min=0)
+    y = F.max_pool3d(x * mask, k, s).clamp(min=0)  # inactive sites count as 0
     out_mask = F.max_pool3d(mask.to(x.dtype), k, s) > 0
     return y * out_mask, out_mask
 

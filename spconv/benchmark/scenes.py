@@ -45,7 +45,7 @@ class Grid:
 DEFAULT_SCANNER = Scanner()
 DEFAULT_GRID = Grid()
 # --quick: fewer beams and coarser voxels (still >= 64 cells per axis: the basic network halves it six times).
-QUICK_SCANNER = Scanner(beams=48, azimuth_steps=1000, max_range_m=45.0)
+QUICK_SCANNER = Scanner(beams=32, azimuth_steps=800, max_range_m=45.0)
 QUICK_GRID = Grid(coors_range=(-40.0, -40.0, -2.0, 40.0, 40.0, 6.0), vsize=(0.2, 0.2, 0.125))
 
 

@@ -46,7 +46,7 @@ def _geometry(kind: str):
 
 
 def _run_one(ctx: Context, n: int, route: Route, chosen: bool):
-    f, idx, shape = voxels(n, ctx.seed)
+    f, idx, shape = voxels(n, ctx.seed, ctx.quick)
     device = route.device
     plan = ctx.plan if device.type == ctx.device.type else Plan(1, 2)
     plan = Plan(plan.warmup, max(plan.iters, 5))  # map building is cheap enough for a few more iterations

@@ -35,8 +35,8 @@ def sweep(ctx: Context) -> List[Tuple[str, int, int]]:
 
 
 @functools.lru_cache(maxsize=4)
-def voxels(n: int, seed: int):
-    return scenes.lidar_voxels(n, seed=seed)
+def voxels(n: int, seed: int, quick: bool = False):
+    return scenes.lidar_voxels(n, quick=quick, seed=seed)
 
 
 def make_layer(kind: str, c: int, device, dtype, seed: int):
@@ -69,7 +69,7 @@ def tasks(ctx: Context) -> List[Task]:
 
 
 def _run_one(ctx: Context, kind: str, c: int, n: int, route: Route, chosen: bool, dtype_name: str):
-    f, idx, shape = voxels(n, ctx.seed)
+    f, idx, shape = voxels(n, ctx.seed, ctx.quick)
     device, dtype = route.device, DTYPES[dtype_name]
     plan = ctx.plan if device.type == ctx.device.type else Plan(1, 2)
     gen = torch.Generator(device="cpu").manual_seed(ctx.seed)

@@ -1,0 +1,330 @@
+"""Tests of ``python -m spconv.benchmark``: workload generators, FLOP counting, report formatting, the compare
+plumbing, and one end-to-end ``--quick`` run whose correctness lines must pass. Speed is never asserted here."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from spconv.benchmark import baseline, compare, network, reference, report, scenes
+from spconv.benchmark.cli import parse_args, pick_dtypes, pick_workloads
+from spconv.benchmark.flops import ConvLayer, conv_flops, layer_flops, total_flops
+from spconv.benchmark.results import Check, Measurement, Record
+from spconv.benchmark.timing import Plan, Stats, time_fn
+from spconv.benchmark.workloads.indices import reference_pairs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- scenes: the synthetic LiDAR scan
+
+@pytest.fixture(scope="module")
+def default_scan():
+    return scenes.synthetic_scan()
+
+
+def test_default_scan_is_bench_basic_sized(default_scan):
+    f, idx, shape = default_scan
+    assert shape == [80, 1600, 1600]
+    assert 100_000 <= len(idx) <= 150_000  # "about 125k voxels", like spconv's bench_basic input
+    assert f.dtype == np.float32 and f.shape == (len(idx), 3)
+    assert idx.dtype == np.int32 and idx.shape == (len(idx), 4)
+    assert (idx[:, 0] == 0).all()
+    assert (idx[:, 1:] >= 0).all() and (idx[:, 1:] < np.array(shape)).all()
+    keys = (idx[:, 1].astype(np.int64) * 1600 + idx[:, 2]) * 1600 + idx[:, 3]
+    assert np.unique(keys).size == len(keys)  # no duplicate voxels
+
+
+def test_default_scan_looks_like_a_sweep(default_scan):
+    f, idx, _ = default_scan
+    r = np.linalg.norm(f[:, :2], axis=1)
+    ground = f[:, 2] < -1.5  # the ground plane sits 1.73 m below the sensor
+    assert 0.1 < ground.mean() < 0.6
+    assert (f[:, 2] > 0.5).mean() > 0.1  # vertical structure: walls, cars, poles
+    assert r.max() > 40 and np.median(r) < 30  # dense near the sensor, sparse far away
+    # features are the mean point of each voxel, so they lie inside the voxel
+    lo = np.array([-80.0, -80.0, -2.0]) + idx[:, [3, 2, 1]] * 0.1
+    assert ((f >= lo - 1e-4) & (f <= lo + 0.1 + 1e-4)).all()
+
+
+def test_scan_is_reproducible_and_seeded():
+    a = scenes.scan_points(scenes.QUICK_SCANNER, seed=3)
+    b = scenes.scan_points(scenes.QUICK_SCANNER, seed=3)
+    c = scenes.scan_points(scenes.QUICK_SCANNER, seed=4)
+    np.testing.assert_array_equal(a, b)
+    assert a.shape != c.shape or not np.array_equal(a, c)
+
+
+def test_quick_scan_is_smaller_and_survives_six_poolings():
+    f, idx, shape = scenes.synthetic_scan(quick=True)
+    assert shape == [64, 400, 400] and min(shape) >= 2 ** 6
+    assert 3_000 <= len(idx) <= 40_000
+
+
+def test_voxelize_means_points_and_drops_outside():
+    grid = scenes.Grid(coors_range=(0.0, 0.0, 0.0, 2.0, 2.0, 2.0), vsize=(1.0, 1.0, 1.0))
+    pts = np.array([[0.2, 0.2, 0.2], [0.4, 0.6, 0.8], [1.5, 0.5, 1.5], [5.0, 0.0, 0.0]], np.float32)
+    f, idx, shape = scenes.voxelize(pts, grid)
+    assert shape == [2, 2, 2]
+    np.testing.assert_array_equal(idx, [[0, 0, 0, 0], [0, 1, 0, 1]])  # (batch, z, y, x), sorted
+    np.testing.assert_allclose(f, [[0.3, 0.4, 0.5], [1.5, 0.5, 1.5]], rtol=1e-6)
+
+
+def test_replicate_sweep_shifts_copies_along_y():
+    pts = np.array([[1.0, 2.0, 3.0]], np.float32)
+    rep = scenes.replicate_sweep(pts, copies=3, shift_m=1.0)
+    np.testing.assert_array_equal(rep[:, 1], [2.0, 3.0, 4.0])
+    np.testing.assert_array_equal(pts, [[1.0, 2.0, 3.0]])  # the input is left alone
+
+
+def test_crop_reindexes_to_the_window():
+    idx = np.array([[0, 5, 5, 5], [0, 6, 7, 8], [0, 20, 5, 5]], np.int32)
+    f = np.arange(6, dtype=np.float32).reshape(3, 2)
+    cf, ci, shape = scenes.crop(f, idx, origin=(4, 4, 4), size=(8, 8, 8))
+    assert shape == [8, 8, 8]
+    np.testing.assert_array_equal(ci, [[0, 1, 1, 1], [0, 2, 3, 4]])
+    np.testing.assert_array_equal(cf, f[:2])
+    origin = scenes.crop_window(idx, (4, 4, 4))
+    assert len(scenes.crop(f, idx, origin, (4, 4, 4))[1]) >= 1
+
+
+def test_lidar_voxels_returns_the_requested_count():
+    f, idx, shape = scenes.lidar_voxels(5_000, quick=True)
+    assert len(idx) == len(f) == 5_000
+    assert shape == [64, 400, 400]
+
+
+def test_load_voxels_npz_roundtrip_and_errors(tmp_path):
+    path = str(tmp_path / "scan.npz")
+    idx = np.array([[0, 1, 2, 3]], np.int32)
+    np.savez(path, features=np.ones((1, 3), np.float32), indices=idx, spatial_shape=np.array([4, 4, 4]))
+    f, i, s = scenes.load_voxels_npz(path)
+    assert s == [4, 4, 4] and i.dtype == np.int32 and f.shape == (1, 3)
+    bad = str(tmp_path / "bad.npz")
+    np.savez(bad, features=np.ones((1, 3), np.float32))
+    with pytest.raises(ValueError, match="missing arrays"):
+        scenes.load_voxels_npz(bad)
+    with pytest.raises(ValueError, match="'pc'"):
+        scenes.load_points_npz(bad)
+
+
+# ---------------------------------------------------------------- network and FLOPs
+
+def test_basic_network_is_bench_basic():
+    specs = network.basic_layer_specs(3)
+    subm = [s for s in specs if s[0] == "subm"]
+    assert len(subm) == 14 and sum(s[0] == "pool" for s in specs) == 6
+    assert [(s[1], s[2]) for s in subm][:3] == [(3, 64), (64, 64), (64, 96)]
+    assert subm[-1][1:3] == (256, 256) and specs[-1][0] == "subm"  # no pool after the last pair
+    assert subm[0][3] == subm[1][3] != subm[2][3]  # pairs share an indice_key
+    import spconv.pytorch as sp
+    net = network.build_basic_net(sp)
+    assert sum(isinstance(m, sp.SubMConv3d) for m in net.children()) == 14
+    assert all(m.bias is None for m in net.children() if isinstance(m, sp.SubMConv3d))
+
+
+def test_flop_counting():
+    assert conv_flops(10, 3, 4) == 240
+    layer = ConvLayer("l", cin=8, cout=16, pairs=100, n_in=50, n_out=50)
+    fwd = 2 * 100 * 8 * 16
+    assert layer_flops(layer, "forward") == fwd
+    assert layer_flops(layer, "backward") == 2 * fwd  # dW and dX
+    assert layer_flops(layer, "forward_backward") == 3 * fwd
+    first = ConvLayer("l0", 3, 16, 100, 50, 50, input_grad=False)  # network input: no dX
+    assert layer_flops(first, "backward") == 2 * 100 * 3 * 16
+    assert total_flops([layer, first], "forward") == fwd + 2 * 100 * 3 * 16
+    with pytest.raises(ValueError):
+        layer_flops(layer, "sideways")
+
+
+def test_mm_yardstick_does_the_same_flops():
+    layer = ConvLayer("l", cin=8, cout=16, pairs=100, n_in=50, n_out=50)
+    for pass_name in ("forward", "backward", "forward_backward"):
+        shapes = baseline.mm_shapes(layer, pass_name)
+        assert sum(2 * m * k * n for m, k, n in shapes) == layer_flops(layer, pass_name)
+    mm = baseline.MMBaseline(torch.device("cpu"), torch.float32, Plan(0, 1))
+    assert mm.pass_ms([layer], "forward") > 0
+    assert mm.product_ms((0, 8, 16)) == 0.0
+
+
+def test_reference_pairs_match_brute_force():
+    rng = np.random.default_rng(0)
+    zyx = np.unique(rng.integers(0, 6, size=(40, 3)), axis=0)
+    idx = np.concatenate([np.zeros((len(zyx), 1), int), zyx], 1).astype(np.int32)
+    shape = [6, 6, 6]
+    counts, n_out = reference_pairs(idx, shape, [3] * 3, [1] * 3, [1] * 3, subm=True)
+    present = {tuple(c) for c in zyx}
+    offs = [(a, b, c) for a in range(3) for b in range(3) for c in range(3)]
+    brute = [sum(tuple(np.add(c, o) - 1) in present for c in zyx) for o in offs]
+    assert counts.tolist() == brute and n_out == len(zyx)
+    counts, n_out = reference_pairs(idx, shape, [3] * 3, [2] * 3, [1] * 3, subm=False)
+    outs = set()
+    brute = [0] * 27
+    for c in zyx:
+        for k, o in enumerate(offs):
+            num = c + 1 - np.array(o)
+            if (num % 2 == 0).all() and ((num // 2 >= 0) & (num // 2 < 3)).all():
+                brute[k] += 1
+                outs.add(tuple(num // 2))
+    assert counts.tolist() == brute and n_out == len(outs)
+
+
+def test_dense_maxpool_follows_spconv_semantics():
+    x = torch.tensor([-3.0, -1.0, 0.0, 0.0, 2.0, -5.0, 0.0, 0.0]).reshape(1, 1, 2, 2, 2)
+    mask = torch.tensor([1, 1, 0, 0, 0, 0, 0, 0], dtype=torch.bool).reshape(1, 1, 2, 2, 2)
+    y, m = reference.dense_maxpool(x, mask, 2, 2)
+    assert m.item() and y.item() == 0.0  # all active inputs negative: max(0, ...) = 0
+    mask[...] = False
+    y, m = reference.dense_maxpool(x, mask, 2, 2)
+    assert not m.item() and y.item() == 0.0
+
+
+def test_rel_error():
+    ref = torch.tensor([1.0, -2.0])
+    assert reference.rel_error(ref, ref) == 0.0
+    assert reference.rel_error(torch.tensor([1.0, -1.0]), ref) == pytest.approx(0.5)
+    assert np.isnan(reference.rel_error(torch.zeros(3), ref))  # shape mismatch never passes
+
+
+# ---------------------------------------------------------------- timing, results, report
+
+def test_time_fn_runs_warmups_and_iterations():
+    calls = []
+    stats = time_fn(lambda: calls.append(1), torch.device("cpu"), Plan(2, 3))
+    assert len(calls) == 5 and len(stats.samples_ms) == 3
+    s = Stats([3.0, 1.0, 2.0])
+    assert (s.median, s.min, s.max) == (2.0, 1.0, 3.0)
+
+
+def _measurement(**kw):
+    base = dict(workload="basic", case="scan", route="cpu", chosen=True, dtype="fp32", pass_name="forward",
+                voxels=1000, flops=4 * 10 ** 9, median_ms=2000.0, min_ms=1900.0, max_ms=2100.0, iters=3,
+                mm_ms=500.0)
+    base.update(kw)
+    return Measurement(**base)
+
+
+def test_measurement_rates():
+    m = _measurement()
+    assert m.gflops == pytest.approx(2.0)
+    assert m.mm_ratio == pytest.approx(0.25)
+    assert np.isnan(_measurement(mm_ms=None).mm_ratio)
+    d = m.to_dict()
+    assert d["gflops"] == pytest.approx(2.0) and d["mm_ratio"] == pytest.approx(0.25)
+
+
+def test_checks_and_record_json():
+    ok = Check("basic", "x", 1e-7, 1e-4)
+    bad = Check("basic", "y", float("nan"), 1e-4)
+    assert ok.ok and not bad.ok
+    rec = Record(meta={"version": "t"}, measurements=[_measurement()], checks=[ok, bad])
+    d = json.loads(json.dumps(rec.to_dict()))  # strictly JSON: NaN written as null
+    assert d["all_checks_passed"] is False and d["checks"][1]["error"] is None
+    text = report.format_checks(rec.checks)
+    assert text.splitlines()[0].startswith("PASS") and text.splitlines()[1].startswith("FAIL")
+
+
+def test_format_num_and_table():
+    assert report.fmt_num(None) == "-" and report.fmt_num(float("nan")) == "-"
+    assert report.fmt_num(12345.6) == "12,346" and report.fmt_num(123.45) == "123.5"
+    assert report.fmt_num(1.2345) == "1.234" and report.fmt_num(0.00012) == "1.2e-04"
+    table = report.format_table(["name", "ms"], [["a", "1.0"], ["long name", "10.0"]]).splitlines()
+    assert table[0].startswith("name") and set(table[1]) <= {"-", " "}
+    assert table[2].endswith(" 1.0") and len(table[2]) == len(table[3])  # numbers right-aligned
+
+
+def test_measurement_table_shows_route_and_ratio():
+    rec = Record(measurements=[_measurement(), _measurement(pass_name="forward_backward", chosen=False)])
+    text = report.format_measurements(rec)
+    assert "== basic" in text and "cpu*" in text and "fwd+bwd" in text and "0.25x" in text
+
+
+def test_compare_table_ratios():
+    ours = [_measurement(median_ms=1000.0)]
+    theirs = [_measurement(median_ms=5000.0, library="other 1.0"),
+              _measurement(pass_name="backward", library="other 1.0")]
+    text = report.format_compare(ours, theirs, "other 1.0")
+    row = text.splitlines()[2]
+    assert "1,000" in row and "5,000" in row and "0.20x" in row and "5.00x" in row
+    assert "only in other 1.0" in text
+
+
+# ---------------------------------------------------------------- CLI and compare plumbing
+
+def test_cli_defaults():
+    args = parse_args([])
+    assert pick_workloads(args) == ["basic", "layers", "indices"]
+    assert pick_dtypes(args, torch.device("cpu")) == ["fp32"]
+    assert "large" in pick_workloads(parse_args(["--full"]))
+    assert "large" in pick_workloads(parse_args(["--points", "x.npz"]))
+    assert pick_dtypes(parse_args(["--dtypes", "fp32,bf16"]), torch.device("cpu")) == ["fp32", "bf16"]
+    with pytest.raises(SystemExit):
+        pick_dtypes(parse_args(["--dtypes", "fp8"]), torch.device("cpu"))
+    with pytest.raises(SystemExit):
+        pick_workloads(parse_args(["--workloads", "nope"]))
+
+
+def test_resolve_compare_target(tmp_path):
+    env = {"PYTHONPATH": "/somewhere", "HOME": "/root"}
+    t = compare.resolve_target(sys.executable, environ=env)
+    assert t.python == sys.executable and "PYTHONPATH" not in t.env and t.module == "spconv.pytorch"
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    t = compare.resolve_target(str(venv), environ=env)
+    assert t.python == str(venv / "bin" / "python") and "PYTHONPATH" not in t.env
+    src = tmp_path / "src"
+    src.mkdir()
+    t = compare.resolve_target(str(src), environ=env)
+    assert t.python == sys.executable and t.env["PYTHONPATH"] == str(src)
+    t = compare.resolve_target("spconv_other.pytorch", environ=env)
+    assert t.module == "spconv_other.pytorch" and t.env["PYTHONPATH"] == "/somewhere"
+    with pytest.raises(ValueError):
+        compare.resolve_target(str(tmp_path / "missing" / "python"), environ=env)
+
+
+def test_compare_worker_against_ourselves():
+    """The worker runs in a subprocess with only its own imports; pointed at this spconv it must agree."""
+    from spconv.benchmark.workloads import basic
+    f, idx, shape = scenes.synthetic_scan(quick=True)
+    cf, ci, cshape = scenes.crop(f, idx, scenes.crop_window(idx, (64, 64, 64)), (64, 64, 64))
+    scan = basic.Scan("crop", cf, ci, cshape)
+    net = basic.build_net(torch.device("cpu"), torch.float32)
+    target = compare.resolve_target("spconv.pytorch")
+    result, outputs = compare.run_compare(target, scan, net.state_dict(), ["fp32"], torch.device("cpu"), 0, 1,
+                                          backward=True, timeout_s=300)
+    run = result["runs"][0]
+    assert result["library"].startswith("spconv") and not run["errors"]
+    assert set(run["times"]) == {"forward", "backward", "forward_backward"}
+    import spconv.pytorch as sp
+    with torch.no_grad():
+        ours = net(sp.SparseConvTensor(torch.from_numpy(cf), torch.from_numpy(ci), cshape, 1))
+    check = compare.output_check("basic", "self", "fp32", ours, outputs["fp32"])
+    assert check.ok, check
+
+
+def test_quick_run_end_to_end(tmp_path):
+    """The smoke run: every workload, every correctness line PASS, a complete JSON file."""
+    out = tmp_path / "quick.json"
+    # One thread: the suite may run beside other jobs on a small machine; thread scaling is the benchmark's
+    # business, not this test's.
+    cmd = [sys.executable, "-m", "spconv.benchmark", "--quick", "--no-progress", "--threads", "1",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    for section in ("== basic", "== layers", "== indices", "== correctness", "== per layer"):
+        assert section in text
+    check_lines = [ln for ln in text.splitlines() if ln.startswith(("PASS", "FAIL"))]
+    assert check_lines and all(ln.startswith("PASS") for ln in check_lines)
+    data = json.loads(out.read_text())
+    assert data["all_checks_passed"]
+    assert {c["workload"] for c in data["checks"]} >= {"basic", "layers", "indices"}
+    assert any("dense" in c["what"] for c in data["checks"] if c["workload"] == "basic")
+    passes = {(m["workload"], m["pass_name"]) for m in data["measurements"]}
+    assert {("basic", "forward"), ("basic", "forward_backward"), ("layers", "forward")} <= passes
+    fwd = next(m for m in data["measurements"] if m["workload"] == "basic" and m["pass_name"] == "forward")
+    assert fwd["flops"] > 0 and fwd["mm_ms"] > 0 and len(fwd["samples_ms"]) == fwd["iters"]
