@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Compile check of the GPU code without a GPU: every csrc/hip/*.cu with nvcc (sm_80, sm_90) and with hipcc
+# (gfx906, gfx90a), and the GPU glue csrc/ops/gpu/*.cpp with the host C++ compiler against the installed
+# torch headers (syntax only). Exits non-zero on any error.
+#   NVCC=...  HIPCC=...  CXX=...          compilers (defaults: nvcc from PATH or CUDA_HOME, hipcc, g++)
+#   SPCONV_SKIP_HIPCC=1 / SPCONV_SKIP_NVCC=1  skip one dialect (CI should not)
+#   JOBS=N                                parallel compiles (default 2)
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+JOBS=${JOBS:-2}
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+export HIP_PLATFORM=amd   # nvcc on the PATH would make hipcc pick the NVIDIA platform
+
+NVCC=${NVCC:-$(command -v nvcc || true)}
+if [ -z "$NVCC" ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then NVCC=$CUDA_HOME/bin/nvcc; fi
+if [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ]; then NVCC=/usr/local/cuda/bin/nvcc; fi
+HIPCC=${HIPCC:-$(command -v hipcc || true)}
+if [ -z "$HIPCC" ] && [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ]; then
+  echo "compile_check_gpu: hipcc not found, installing hipcc + libamdhip64-dev"
+  if command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hipcc libamdhip64-dev) >"$OUT/apt.log" 2>&1 \
+      || { tail -20 "$OUT/apt.log"; }
+  fi
+  HIPCC=$(command -v hipcc || true)
+fi
+CXX=${CXX:-g++}
+
+INC="-I$ROOT/csrc/include -I$ROOT/csrc"
+jobs_file=$OUT/jobs.txt
+: >"$jobs_file"
+for f in csrc/hip/*.cu; do
+  [ -e "$f" ] || continue
+  b=$(basename "$f")
+  if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ]; then
+    if [ -z "$NVCC" ]; then echo "compile_check_gpu: nvcc not found" >&2; exit 1; fi
+    echo "nvcc $f $NVCC -c -std=c++17 -O3 -x cu --expt-relaxed-constexpr -Xcompiler -fPIC -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 $INC $f -o $OUT/$b.cuda.o" >>"$jobs_file"
+  fi
+  if [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ]; then
+    if [ -z "$HIPCC" ]; then echo "compile_check_gpu: hipcc not available" >&2; exit 1; fi
+    echo "hipcc $f $HIPCC -std=c++17 -O3 -fPIC -x hip --offload-arch=gfx906 --offload-arch=gfx90a $INC -c $f -o $OUT/$b.hip.o" >>"$jobs_file"
+  fi
+done
+
+TORCH_INC=$(python3 -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))" 2>/dev/null || true)
+if [ -n "$TORCH_INC" ]; then
+  for f in csrc/ops/gpu/*.cpp; do
+    [ -e "$f" ] || continue
+    echo "g++ $f $CXX -std=c++17 -fsyntax-only -DSPCONV_WITH_GPU=1 $INC -I$TORCH_INC -I$TORCH_INC/torch/csrc/api/include $f" >>"$jobs_file"
+  done
+else
+  echo "compile_check_gpu: torch not importable; skipping the glue check" >&2
+  exit 1
+fi
+
+run_one() {
+  local tool=$1 file=$2
+  shift 2
+  local log
+  log=$(mktemp)
+  if "$@" >"$log" 2>&1; then
+    echo "ok   $tool $file"
+    rm -f "$log"
+  else
+    echo "FAIL $tool $file"
+    sed 's/^/    /' "$log" | head -60
+    rm -f "$log"
+    return 1
+  fi
+}
+export -f run_one
+
+start=$(date +%s)
+status=0
+# Each line: tool file command...; xargs runs JOBS at a time and returns 123 if any failed.
+tr '\n' '\0' <"$jobs_file" | xargs -0 -P "$JOBS" -I{} bash -c 'run_one $1' _ {} || status=1
+# (the line is passed as one word; run_one re-splits it)
+echo "compile_check_gpu: $(wc -l <"$jobs_file") compiles in $(( $(date +%s) - start )) s, status $status"
+exit $status
