@@ -73,5 +73,38 @@ int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pa
 // Which kernel body fused_conv_forward runs on the current device for dtype t: "simt", "wmma" or "mfma".
 const char* fused_forward_path(DType t);
 
+// ---- point to voxel (csrc/hip/point_to_voxel.cu; section owner: voxel) ----
+// Grid in zyx order (ndim <= 4): vsize, lower corner lo, grid = voxels per dimension; dimension j reads
+// point column ndim - 1 - j. points [n, c] of dtype t (F32/F64).
+// 1) keys[i] = linear voxel index or -1 (outside); the table (hkeys = -1, hvals = INT32_MAX on entry,
+//    cap >= 2n slots) keeps each key's smallest point index; first[i] = 1 for the first point of a voxel.
+int p2v_first_points(DType t, const void* points, int64_t n, int64_t c, int ndim, const float* vsize,
+                     const float* lo, const int32_t* grid, int64_t* keys, int64_t* hkeys, int32_t* hvals,
+                     int64_t cap, int32_t* first, void* stream);
+// 2) rank = inclusive prefix sum of first (int32). Voxel ids in first-point order: indices [min(M, max_voxels),
+//    ndim] int32 zyx; pc_voxel_id[i] = voxel id, or -1 when outside or beyond max_voxels.
+int p2v_assign(const int64_t* keys, int64_t n, const int32_t* first, const int32_t* rank, const int64_t* hkeys,
+               int32_t* hvals, int64_t cap, int64_t max_voxels, int ndim, const int32_t* grid, int32_t* indices,
+               int64_t* pc_voxel_id, void* stream);
+// 3) sorted_vid, perm: pc_voxel_id stably sorted and its permutation. voxels [m, max_points, c] zeroed by the
+//    caller; seg_start [m] scratch. Fills voxels and num_per_voxel [m]; empty_mean pads with each voxel's mean.
+int p2v_fill(DType t, const void* points, int64_t c, const int64_t* sorted_vid, const int64_t* perm, int64_t n,
+             int64_t m, int64_t max_points, bool empty_mean, int64_t* seg_start, void* voxels,
+             int32_t* num_per_voxel, void* stream);
+
+// ---- key/value hash table of spconv.pytorch.hash (csrc/hip/hash_table_ops.cu; section owner: voxel) ----
+// key_bytes 4 (int32) / 8 (int64), empty slot = the key type's maximum; values copied as raw bits of
+// value_bytes 4 / 8. Scratch: first [cap] int32 = INT32_MAX and claimed [cap] uint8 = 0 on entry.
+// insert: new keys get the value of their first occurrence (0 when values is null), present keys keep theirs.
+int hash_kv_insert(int key_bytes, int value_bytes, void* table_keys, void* table_values, int64_t cap,
+                   const void* keys, const void* values, int64_t n, int32_t* first, uint8_t* claimed, void* stream);
+// out[i] = value or 0, is_empty[i] = 1 when absent.
+int hash_kv_query(int key_bytes, int value_bytes, const void* table_keys, const void* table_values, int64_t cap,
+                  const void* keys, int64_t n, void* out, uint8_t* is_empty, void* stream);
+// Overwrites present keys (first occurrence wins); is_empty[i] = 1 for absent keys (not inserted).
+int hash_kv_insert_exist(int key_bytes, int value_bytes, const void* table_keys, void* table_values, int64_t cap,
+                         const void* keys, const void* values, int64_t n, int32_t* first, uint8_t* is_empty,
+                         void* stream);
+
 }  // namespace gpu
 }  // namespace spconv

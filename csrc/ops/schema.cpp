@@ -63,4 +63,24 @@ TORCH_LIBRARY(spconv, m) {
   // Which kernel body fused_conv runs for this tensor's device and dtype: reference, simt, wmma or mfma.
   m.def("fused_conv_path(Tensor features) -> str");
   // ---- end fused route ----
+
+  // ---- voxelization and hash table (section owner: voxel) ----
+  // Points [N, C] float32/float64 -> voxels in first-point order. vsize, coors_range (lower corner then
+  // upper corner) and grid_size are in zyx order; grid dimension j reads point column ndim - 1 - j.
+  // voxels [M, max_num_points_per_voxel, C] (points' dtype, padding zero or the voxel's mean),
+  // indices [M, ndim] int32 zyx, num_per_voxel [M] int32, pc_voxel_id [N] int64 (-1 = dropped).
+  m.def(
+      "point_to_voxel(Tensor points, float[] vsize, float[] coors_range, int[] grid_size, int max_num_voxels, "
+      "int max_num_points_per_voxel, bool empty_mean) "
+      "-> (Tensor voxels, Tensor indices, Tensor num_per_voxel, Tensor pc_voxel_id)");
+  // Open-addressing table in two flat tensors (empty slot: key = largest value of the key dtype).
+  // insert: present keys keep their value, repeated keys take their first occurrence's, values=None -> 0.
+  m.def("hash_table_insert(Tensor(a!) table_keys, Tensor(b!) table_values, Tensor keys, Tensor? values) -> ()");
+  // values of absent keys are 0; is_empty uint8 marks them.
+  m.def("hash_table_query(Tensor table_keys, Tensor table_values, Tensor keys) -> (Tensor values, Tensor is_empty)");
+  // Overwrites the values of present keys (first occurrence wins); returns is_empty (uint8) for absent ones.
+  m.def(
+      "hash_table_insert_exist_keys(Tensor table_keys, Tensor(a!) table_values, Tensor keys, Tensor values) "
+      "-> Tensor is_empty");
+  // ---- end voxelization and hash table ----
 }
