@@ -1,0 +1,154 @@
+"""The fused gather-GEMM-scatter route (GPU): output-stationary implicit GEMM over a neighbour table.
+
+How it works
+  For a kernel map (pairs grouped by kernel offset) ``build_fused_map`` makes an out->in neighbour table
+  ``nbr [num_out, kvol]`` (-1 = no input), one offset bit-mask per output row and the rows stably sorted by
+  mask (spconv's MaskImplicitGemm idea). ``fused_conv`` gives each GPU block 64 output rows (consecutive in
+  mask order, so their masks agree) x 64 output channels; it skips the offsets no row of the tile uses,
+  gathers the input rows of each used offset into shared memory and multiplies them by that offset's filter
+  slice, accumulating in fp32 registers. Each output is written once: no atomics, deterministic. The mask can
+  be split in two or more (``num_splits``): each split has its own row order over its share of the offsets,
+  and the splits run one after another (the first writes, the next ones add).
+  dinput is the same kernel on the reversed map (the table of ``maps.reversed()``) with filters transposed to
+  ``[kvol, Cout, Cin]``; dfilter is a per-offset gathered GEMM ``X^T dY`` with split-K partials reduced in a
+  fixed order (deterministic, no atomics).
+  Kernel bodies, picked by the compile target (never by a user flag): SIMT FMA on every GPU; for fp16/bf16
+  WMMA tensor cores on NVIDIA sm_80+ and MFMA on AMD gfx90a/gfx94x. ``torch.ops.spconv.fused_conv_path(x)``
+  tells which one runs.
+
+Eligibility (``fused_conv`` returns None otherwise and the caller takes the native route)
+  * the features are on a GPU, the GPU kernels are built, and SPCONV_FORCE_NATIVE is not set (checked by
+    ``spconv._backend.fused_route_enabled`` before this module is called);
+  * dtype float32, float16 or bfloat16 (float64 always takes the native route), filters of the same dtype;
+  * kernel volume >= 2 (a 1x1 convolution is a plain GEMM, done by the caller) and <= MAX_KVOL;
+  * channels: 1 <= Cin, Cout <= MAX_CHANNELS (any count; the 16-byte vector loads of the tensor-core bodies
+    are used when Cin and Cout are multiples of 8, element loads otherwise);
+  * the number of output rows matches the map, and num_out * kvol < 2**31 (int32 row ids in the table).
+
+Tables are cached in ``maps.cache`` (so layers sharing an ``indice_key`` build them once):
+  ``maps.cache["fused_map_s{S}"] = (nbr, masks, order)`` for the forward, and the same key in
+  ``maps.reversed().cache`` for dinput (which is also the forward table of the inverse convolution).
+"""
+from types import SimpleNamespace
+from typing import Optional, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from spconv import _backend  # noqa: F401  (loads the extension, which defines the ops)
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_KVOL = 4096
+MAX_CHANNELS = 16384
+# Mask splits of the forward / dinput tables. 1 until the device benchmark shows a split pays.
+NUM_SPLITS = 1
+
+
+# ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----
+@torch.library.register_fake("spconv::build_fused_map")
+def _build_fused_map_fake(pair_in, pair_out, pair_offsets, num_rows, num_splits):
+    kvol = pair_offsets.shape[0] - 1
+    nbr = pair_in.new_empty((num_rows, kvol), dtype=torch.int32)
+    masks = pair_in.new_empty((num_splits, num_rows), dtype=torch.int32)
+    order = pair_in.new_empty((num_splits, num_rows), dtype=torch.int32)
+    return nbr, masks, order
+
+
+@torch.library.register_fake("spconv::fused_conv")
+def _fused_conv_fake(features, filters, nbr, masks, order):
+    return features.new_empty((nbr.shape[0], filters.shape[2]))
+
+
+@torch.library.register_fake("spconv::fused_conv_dfilter")
+def _fused_conv_dfilter_fake(features, out_grad, pair_in, pair_out, pair_offsets):
+    return features.new_empty((pair_offsets.shape[0] - 1, features.shape[1], out_grad.shape[1]))
+
+
+# ---- tables ----
+def _reversed(maps):
+    rev = getattr(maps, "reversed", None)
+    if callable(rev):
+        return rev()
+    cached = maps.cache.get("fused_reversed_maps")
+    if cached is None:
+        cached = SimpleNamespace(pair_in=maps.pair_out, pair_out=maps.pair_in, pair_offsets=maps.pair_offsets,
+                                 num_in=maps.num_out, num_out=maps.num_in, cache={})
+        maps.cache["fused_reversed_maps"] = cached
+    return cached
+
+
+def fused_tables(maps, num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(nbr, masks, order) of ``maps`` (outputs as rows), built once and cached in ``maps.cache``."""
+    kvol = maps.pair_offsets.shape[0] - 1
+    s = max(1, min(num_splits or NUM_SPLITS, kvol, 4))
+    key = "fused_map_s%d" % s
+    tables = maps.cache.get(key)
+    if tables is None:
+        tables = torch.ops.spconv.build_fused_map(maps.pair_in, maps.pair_out, maps.pair_offsets, maps.num_out, s)
+        maps.cache[key] = tables
+    return tables
+
+
+def eligible(features: torch.Tensor, filters: torch.Tensor, maps, num_out: int) -> bool:
+    if features.device.type != "cuda" or filters.device != features.device:
+        return False
+    return _shape_ok(features, filters, maps, num_out)
+
+
+def _shape_ok(features, filters, maps, num_out) -> bool:
+    if features.dtype not in SUPPORTED_DTYPES or filters.dtype != features.dtype:
+        return False
+    if features.dim() != 2 or filters.dim() != 3:
+        return False
+    kvol, cin, cout = filters.shape
+    if not (2 <= kvol <= MAX_KVOL) or kvol != maps.pair_offsets.shape[0] - 1:
+        return False
+    if not (1 <= cin <= MAX_CHANNELS and 1 <= cout <= MAX_CHANNELS) or features.shape[1] != cin:
+        return False
+    if int(num_out) != int(maps.num_out) or int(num_out) * kvol >= 2 ** 31 or maps.num_in * kvol >= 2 ** 31:
+        return False
+    return True
+
+
+class FusedConvFunction(torch.autograd.Function):
+    """out = fused_conv(features, filters) over ``maps``; backward: dinput on the reversed table, split-K dfilter."""
+
+    @staticmethod
+    def forward(ctx, features, filters, maps, num_splits):
+        nbr, masks, order = fused_tables(maps, num_splits)
+        out = torch.ops.spconv.fused_conv(features, filters, nbr, masks, order)
+        ctx.maps = maps
+        ctx.num_splits = num_splits
+        ctx.save_for_backward(features, filters)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        features, filters = ctx.saved_tensors
+        maps = ctx.maps
+        grad_out = grad_out.to(features.dtype).contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            nbr, masks, order = fused_tables(_reversed(maps), ctx.num_splits)
+            dx = torch.ops.spconv.fused_conv(grad_out, filters.transpose(1, 2).contiguous(), nbr, masks, order)
+        if ctx.needs_input_grad[1]:
+            dw = torch.ops.spconv.fused_conv_dfilter(features, grad_out, maps.pair_in, maps.pair_out,
+                                                     maps.pair_offsets)
+        return dx, dw, None, None
+
+
+def fused_conv_unchecked(features: torch.Tensor, filters: torch.Tensor, maps, num_splits: int = 0) -> torch.Tensor:
+    """The fused convolution on any device (the CPU runs the reference kernels), without the route policy."""
+    return FusedConvFunction.apply(features.contiguous(), filters, maps, num_splits)
+
+
+def fused_conv(features: torch.Tensor, filters: torch.Tensor, maps, num_out: int) -> Optional[torch.Tensor]:
+    """The fused route for one convolution, or None when the shape is not eligible (see the module docstring).
+
+    features [num_in, Cin]; filters [kvol, Cin, Cout] (autograd-tracked); maps has pair_in, pair_out,
+    pair_offsets, num_in, num_out and a dict ``cache``. Returns [num_out, Cout], differentiable in both.
+    """
+    if not eligible(features, filters, maps, num_out):
+        return None
+    return fused_conv_unchecked(features, filters, maps)
