@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# One-shot check on a GPU machine (NVIDIA with a CUDA build of torch, or AMD/Hygon with a ROCm/DTK build):
+# builds the extension for the local GPU, times the fused / native / torch.mm routes on the reference
+# SubMConv3d layer, runs the GPU tests, the benchmark (when present) and the rest of the test suite, and
+# prints a summary. Fits in about 8 minutes on a 16-core machine; every phase has its own time limit.
+# Output: bench/results/device-check-<UTC date>-<GPU>.txt (and a copy under $OUT when that is set).
+#   TORCH_CUDA_ARCH_LIST (default 9.0), SPCONV_HIP_ARCHS for ROCm; SKIP_BUILD=1 reuses an existing build.
+set -u
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+elapsed() { echo $(( $(date +%s) - T0 )); }
+
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+[ -z "$GPU" ] && GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null)
+[ -z "$GPU" ] && GPU=unknown-gpu
+GPU_TAG=$(echo "$GPU" | tr -c 'A-Za-z0-9._-' '-' | sed 's/-\+/-/g; s/-$//')
+STAMP=$(date -u +%Y%m%d-%H%M%S)
+mkdir -p bench/results
+LOG=bench/results/device-check-$STAMP-$GPU_TAG.txt
+exec > >(tee "$LOG") 2>&1
+
+declare -A RESULT
+phase() { echo; echo "=== [$(elapsed) s] $* ==="; }
+
+phase "machine"
+date -u
+echo "GPU: $GPU"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || rocm-smi 2>/dev/null | head -20
+python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'hip', torch.version.hip)"
+command -v nvcc >/dev/null && nvcc --version | tail -2
+echo "cores: $(nproc)"
+git log -1 --format='commit %H %s' 2>/dev/null || true
+
+phase "build"
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)} SPCONV_GPU_JOBS=${SPCONV_GPU_JOBS:-8}
+if [ "${SKIP_BUILD:-0}" = 1 ]; then
+  RESULT[build]=skipped
+else
+  if timeout 330 python3 setup.py build_ext --inplace >/tmp/spconv_device_build.log 2>&1; then
+    RESULT[build]=ok
+    grep -E "building GPU kernels|nvcc|hipcc" /tmp/spconv_device_build.log | head -3 | cut -c1-300
+  else
+    RESULT[build]=FAILED
+    tail -60 /tmp/spconv_device_build.log
+  fi
+fi
+echo "build: ${RESULT[build]} at $(elapsed) s"
+python3 -c "import json, spconv._backend as b; print(json.dumps(b.build_info()))" || RESULT[build]="${RESULT[build]} (import FAILED)"
+
+phase "timing: SubMConv3d 3x3x3 on ~50k voxels, 41x1600x1408, kernel map cached"
+timeout 150 python3 - <<'PY'
+import time
+
+import numpy as np
+import torch
+
+import spconv._backend as backend
+from spconv.pytorch import _fused
+
+ops = torch.ops.spconv
+dev = torch.device("cuda")
+
+
+def synthetic_scene(n_target=50000, seed=0):
+    """LiDAR-like voxels on a 41x1600x1408 grid (z 0.1 m, y/x 0.05 m): ground pieces and vertical faces,
+    voxelized densely with 30% holes (about 6.5 pairs per voxel for a 3x3x3 SubM, like a real sweep)."""
+    rng = np.random.default_rng(seed)
+    keys = np.zeros(0, np.int64)
+    while keys.size < n_target:
+        if rng.uniform() < 0.5:
+            x0, y0 = rng.integers(0, 1300), rng.integers(0, 1500)
+            lx, ly = rng.integers(20, 100), rng.integers(20, 100)
+            xs, ys = np.meshgrid(np.arange(x0, x0 + lx), np.arange(y0, y0 + ly), indexing="ij")
+            zs = 12 + ((xs - x0) * rng.uniform(-0.02, 0.02)).astype(np.int64)
+        else:
+            x0, y0, z0 = rng.integers(0, 1300), rng.integers(0, 1500), rng.integers(10, 20)
+            length, h = rng.integers(20, 100), rng.integers(5, 20)
+            a, zs = np.meshgrid(np.arange(length), np.arange(z0, z0 + h), indexing="ij")
+            if rng.uniform() < 0.5:
+                xs, ys = x0 + a, np.full_like(a, y0)
+            else:
+                xs, ys = np.full_like(a, x0), y0 + a
+        keep = rng.uniform(size=xs.shape) > 0.3
+        xs, ys, zs = xs[keep], ys[keep], zs[keep]
+        ok = (xs < 1408) & (ys < 1600) & (zs >= 0) & (zs < 41)
+        keys = np.unique(np.concatenate([keys, (zs[ok] * 1600 + ys[ok]) * 1408 + xs[ok]]))
+    keys = keys[:n_target]
+    idx = np.stack([np.zeros_like(keys), keys // (1600 * 1408), (keys // 1408) % 1600, keys % 1408], 1)
+    return torch.from_numpy(idx.astype(np.int32))
+
+
+def bench(fn, warmup=10, iters=50):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for a, b in ev:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    t = sorted(a.elapsed_time(b) for a, b in ev)
+    return t[len(t) // 2], t[0]
+
+
+class Maps:
+    def __init__(self, pin, pout, poff, n_in, n_out):
+        self.pair_in, self.pair_out, self.pair_offsets, self.num_in, self.num_out = pin, pout, poff, n_in, n_out
+        self.cache = {}
+
+
+idx = synthetic_scene().to(dev)
+n = idx.shape[0]
+shape = [41, 1600, 1408]
+t0 = time.time()
+_, pin, pout, poff = ops.get_indice_pairs(idx, 1, shape, shape, [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False)
+torch.cuda.synchronize()
+map_ms = bench(lambda: ops.get_indice_pairs(idx, 1, shape, shape, [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False),
+               3, 10)[0]
+P = pin.numel()
+print(f"voxels {n}, pairs {P} ({P / n:.2f} per voxel); kernel map (GPU, subm) {map_ms:.3f} ms")
+m = Maps(pin, pout, poff, n, n)
+fused_tabs = {s: ops.build_fused_map(pin, pout, poff, n, s) for s in (1, 2)}
+map_fused_ms = bench(lambda: ops.build_fused_map(pin, pout, poff, n, 1), 3, 10)[0]
+print(f"fused table build {map_fused_ms:.3f} ms")
+rows = []
+for dtype, C in ((torch.float16, 256), (torch.float16, 128), (torch.float16, 64), (torch.bfloat16, 256),
+                 (torch.float32, 64)):
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    x = torch.randn(n, C, device=dev).to(dtype)
+    w = (torch.randn(27, C, C, device=dev) / (27 * C) ** 0.5).to(dtype)
+    dy = torch.randn(n, C, device=dev).to(dtype)
+    flops = 2.0 * P * C * C
+    res = {}
+    for s in (1, 2):
+        res[f"fused_s{s}"] = bench(lambda: ops.fused_conv(x, w, *fused_tabs[s]))
+    res["native"] = bench(lambda: ops.indice_conv(x, w, pin, pout, poff, n))
+    a = torch.randn(P, C, device=dev).to(dtype)
+    res["torch.mm"] = bench(lambda: torch.mm(a, w[0]))
+    rt = ops.build_fused_map(pout, pin, poff, n, 1)
+    wt = w.transpose(1, 2).contiguous()
+    res["fused_bwd"] = bench(lambda: (ops.fused_conv(dy, wt, *rt), ops.fused_conv_dfilter(x, dy, pin, pout, poff)))
+    res["native_bwd"] = bench(lambda: ops.indice_conv_backward(x, w, dy, pin, pout, poff))
+    ref = ops.indice_conv(x.float(), w.float(), pin, pout, poff, n)
+    err = (ops.fused_conv(x, w, *fused_tabs[1]).float() - ref).norm().item()
+    path = ops.fused_conv_path(x)
+    print(f"\n{name} {C}->{C}: fused body {path}, |fused - fp32 native| = {err:.3g}")
+    for k, (med, best) in res.items():
+        fl = flops * (2 if k.endswith("bwd") else 1)
+        print(f"  {k:10s} median {med:8.4f} ms  min {best:8.4f} ms  {fl / med / 1e9:8.1f} TFLOP/s (useful)")
+    rows.append((name, C, res))
+print("\nSUMMARY fp16 256->256 forward: fused %.4f ms (split1) / %.4f ms (split2), native %.4f ms, torch.mm %.4f ms;"
+      " target <= 0.10 ms" % (rows[0][2]["fused_s1"][0], rows[0][2]["fused_s2"][0], rows[0][2]["native"][0],
+                              rows[0][2]["torch.mm"][0]))
+for name, C, res in rows:
+    if name == "fp16":
+        sp = res["native"][0] / min(res["fused_s1"][0], res["fused_s2"][0])
+        print(f"SUMMARY fp16 C={C}: fused/native forward speedup {sp:.2f}x (goal >= 2x)")
+PY
+RESULT[timing]=$([ $? = 0 ] && echo ok || echo FAILED)
+
+phase "GPU tests"
+timeout 200 python3 -m pytest -q -p no:cacheprovider test/test_gpu_*.py 2>&1 | tail -40
+rc=${PIPESTATUS[0]}
+RESULT[gpu_tests]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
+
+phase "benchmark (python -m spconv.benchmark)"
+if python3 -c "import spconv.benchmark.cli" 2>/dev/null; then
+  DATA_ARGS=""
+  for d in shared/data ../shared/data; do
+    [ -f "$d/lidar-voxels-125k.npz" ] && DATA_ARGS="--data $d/lidar-voxels-125k.npz" && break
+  done
+  timeout 150 python3 -m spconv.benchmark --no-progress $DATA_ARGS --dtypes fp16 2>&1 | tail -60
+  rc=${PIPESTATUS[0]}
+  RESULT[benchmark]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
+  WHEEL=$(find . -name 'spconv_triton*.whl' -not -path './build/*' 2>/dev/null | head -1)
+  if [ -n "$WHEEL" ]; then
+    SPT=$(mktemp -d)
+    python3 -m zipfile -e "$WHEEL" "$SPT" && MOD=$(cd "$SPT" && ls -d */pytorch 2>/dev/null | head -1 | tr '/' '.')
+    echo "spconv-triton from $WHEEL (module ${MOD:-?})"
+    timeout 100 python3 -m spconv.benchmark --no-progress $DATA_ARGS --dtypes fp16 --compare "$SPT" \
+      ${MOD:+--compare-module $MOD} 2>&1 | tail -40
+    rc=${PIPESTATUS[0]}
+    RESULT[triton_compare]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
+  fi
+else
+  echo "spconv.benchmark not present; skipped"
+  RESULT[benchmark]=absent
+fi
+
+phase "full test suite"
+LEFT=$(( 470 - $(elapsed) ))
+if [ $LEFT -gt 30 ]; then
+  timeout $LEFT python3 -m pytest -q -p no:cacheprovider -x --ignore-glob='test/test_gpu_*' test/ 2>&1 | tail -25
+  rc=${PIPESTATUS[0]}
+  RESULT[suite]=$([ $rc = 0 ] && echo ok || ([ $rc = 124 ] && echo "TIMEOUT after ${LEFT}s" || echo FAILED))
+else
+  RESULT[suite]="skipped (no time left)"
+fi
+
+phase "summary"
+echo "GPU: $GPU"
+for k in build timing gpu_tests benchmark triton_compare suite; do
+  [ -n "${RESULT[$k]:-}" ] && printf '  %-15s %s\n' "$k" "${RESULT[$k]}"
+done
+echo "total $(elapsed) s; log: $LOG"
+sleep 1
+if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp "$LOG" "$OUT/"; fi
