@@ -7,6 +7,7 @@ import platform
 import shlex
 import sys
 import time
+import traceback
 from typing import List, Optional
 
 import torch
@@ -15,7 +16,7 @@ import spconv
 from spconv.benchmark import compare, report
 from spconv.benchmark.plot import save_plot
 from spconv.benchmark.progress import iterate
-from spconv.benchmark.results import Record
+from spconv.benchmark.results import Check, Record
 from spconv.benchmark.routes import chosen_route_name
 from spconv.benchmark.timing import Plan, default_plan
 from spconv.benchmark.workloads import basic, indices, layers
@@ -123,7 +124,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     seconds = record.meta.setdefault("task_seconds", {})
     for task in iterate(tasks, enabled=not args.no_progress, notes=record.notes):
         t0 = time.perf_counter()
-        task.run()
+        try:
+            task.run()
+        except Exception as e:  # one broken case must not hide the others: it becomes a FAIL line
+            traceback.print_exc(file=sys.stderr)
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            record.checks.append(Check(task.label.split()[0], f"{task.label} runs", float("inf"), 0.0,
+                                       f"{type(e).__name__}: {first}"))
         seconds[task.label] = round(time.perf_counter() - t0, 2)
     compare_label = None
     if args.compare:
