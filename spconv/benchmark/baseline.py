@@ -39,9 +39,10 @@ class MMBaseline:
             if m * k * n == 0:
                 self._ms[shape] = 0.0
             else:
-                gen = torch.Generator(device="cpu").manual_seed(0)
-                a = torch.randn(m, k, generator=gen).to(self.device, self.dtype)
-                b = torch.randn(k, n, generator=gen).to(self.device, self.dtype)
+                # Drawn on the device: a 1e6-voxel layer's gathered operand can hold billions of values.
+                gen = torch.Generator(device=self.device).manual_seed(0)
+                a = torch.randn(m, k, generator=gen, device=self.device).to(self.dtype)
+                b = torch.randn(k, n, generator=gen, device=self.device).to(self.dtype)
                 self._ms[shape] = time_fn(lambda: torch.mm(a, b), self.device, self.plan).median
                 del a, b
         return self._ms[shape]

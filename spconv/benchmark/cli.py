@@ -161,7 +161,7 @@ def subprocess_timeout():
 def print_report(record: Record, compare_label: Optional[str]):
     print()
     print(report.format_measurements(record))
-    for key, rows in record.layers.items():
+    for key, rows in list(record.layers.items())[:1]:  # the chosen route's first dtype; --json has every one
         print(f"\n== per layer, forward: {key}")
         print(report.format_layers(rows))
     if compare_label:
