@@ -11,6 +11,25 @@ namespace native {
 
 namespace {
 
+// MKL's GEMM splits small-M products differently with 1 or 2 threads (different bits). Parallelism
+// here comes from the fixed chunks only: each GEMM runs on one thread, so results don't depend on
+// torch.set_num_threads. Weak, so builds whose BLAS isn't MKL simply skip it. (The lowercase
+// mkl_set_num_threads_local symbol is MKL's Fortran entry point, which takes a pointer.)
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+
+struct ChunkGuard {
+  // ATen calls on OpenMP worker threads don't inherit the caller's below-autograd dispatch state:
+  // without this, mm_out on tensors that require grad throws there (only with > 1 thread).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  int saved = 0;
+  ChunkGuard() {
+    if (MKL_Set_Num_Threads_Local) saved = MKL_Set_Num_Threads_Local(1);
+  }
+  ~ChunkGuard() {
+    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(saved);
+  }
+};
+
 // Rows per GEMM chunk: keep the gathered block in L2, whatever the thread count.
 int64_t chunk_rows(int64_t channels) { return std::clamp<int64_t>((int64_t{1} << 16) / std::max<int64_t>(channels, 1), 64, 1024); }
 
@@ -56,6 +75,7 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
         // No gather or scatter: accumulate straight into the output, chunk by chunk.
         const int64_t n_chunks = (count + rows - 1) / rows;
         at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+          ChunkGuard guard;
           for (int64_t c = c0; c < c1; ++c) {
             const int64_t r0 = c * rows, m = std::min(rows, count - r0);
             at::Tensor out = dst.narrow(0, r0, m);
@@ -66,6 +86,7 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
       }
       const int64_t n_chunks = (count + rows - 1) / rows;
       at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+        ChunkGuard guard;
         at::Tensor a = at::empty({rows, c_src}, src.options());
         at::Tensor out = at::empty({rows, c_dst}, src.options());
         for (int64_t c = c0; c < c1; ++c) {
@@ -95,6 +116,7 @@ void gathered_weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     at::parallel_for(0, total, 1, [&](int64_t t0, int64_t t1) {
+      ChunkGuard guard;
       at::Tensor a = at::empty({rows, c_in}, x.options());
       at::Tensor b = at::empty({rows, c_out}, x.options());
       for (int64_t t = t0; t < t1; ++t) {
@@ -109,6 +131,7 @@ void gathered_weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32
     });
   });
   at::parallel_for(0, kvol, 1, [&](int64_t k0, int64_t k1) {
+    ChunkGuard guard;
     for (int64_t k = k0; k < k1; ++k) {
       at::Tensor acc = dw[k];
       acc.zero_();

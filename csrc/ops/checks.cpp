@@ -47,6 +47,14 @@ ConvGeometry make_geometry(int64_t ndim, at::IntArrayRef spatial_shape, at::IntA
 
 void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const ConvGeometry& g) {
   TORCH_CHECK_VALUE(batch_size >= 1, "batch_size must be >= 1, got ", batch_size);
+  // Keys pack (batch, coordinates) into an int64: batch_size x grid volume must fit, else keys collide.
+  for (const int32_t* shape : {g.in_shape, g.out_shape}) {
+    int64_t volume = batch_size;
+    bool overflow = false;
+    for (int d = 0; d < g.ndim; ++d) overflow = overflow || __builtin_mul_overflow(volume, int64_t{shape[d]}, &volume);
+    TORCH_CHECK_VALUE(!overflow, "batch_size=", batch_size, " x spatial_shape ",
+                      std::vector<int32_t>(shape, shape + g.ndim), " has more than 2^63 sites (64-bit coordinate keys)");
+  }
   const int64_t n = indices_cpu.size(0), w = indices_cpu.size(1);
   const int32_t* p = indices_cpu.const_data_ptr<int32_t>();
   std::atomic<int64_t> bad{n};

@@ -1,0 +1,116 @@
+"""Determinism: forward and every gradient bitwise identical run to run and across thread counts (CPU), and
+the switch (spconv.set_deterministic, torch.use_deterministic_algorithms) that GPU routes honour."""
+import pytest
+import torch
+from torch import nn
+
+import spconv
+import spconv.pytorch as spconv_pt
+from _reference import random_sparse
+
+
+def _net(c_in, c, batch_norm=False):
+    # torch's own training-mode BatchNorm1d on the CPU reduces in a thread-count-dependent order, so it only
+    # takes part in the run-to-run comparison.
+    return spconv_pt.SparseSequential(
+        spconv_pt.SubMConv3d(c_in, c, 3, indice_key="s0"), nn.BatchNorm1d(c) if batch_norm else nn.Identity(),
+        nn.ReLU(),
+        spconv_pt.SparseConv3d(c, c, 3, 2, 1, indice_key="down"),
+        spconv_pt.SubMConv3d(c, c, 3, indice_key="s1"), spconv_pt.SubMConv3d(c, c, 1),
+        spconv_pt.SparseMaxPool3d(2, 2, indice_key="pool"), spconv_pt.SparseInverseConv3d(c, c, 2, indice_key="pool"),
+        spconv_pt.SparseInverseConv3d(c, c, 3, indice_key="down"),
+        spconv_pt.SparseConvTranspose3d(c, c_in, 3, 1, 1))
+
+
+def _run(net, x, threads):
+    """Forward + backward on ``threads`` threads: output features, input grad and every parameter grad."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        net.zero_grad()
+        feats = x.features.clone().requires_grad_()
+        y = net(x.replace_feature(feats))
+        g = torch.linspace(-1, 1, y.features.numel(), dtype=y.features.dtype).reshape(y.features.shape)
+        (y.features * g).sum().backward()
+        return [y.features.detach().clone(), y.indices.clone(), feats.grad.clone()] + \
+            [p.grad.clone() for p in net.parameters()]
+    finally:
+        torch.set_num_threads(saved)
+
+
+# Sizes that cross the native route's chunk boundaries (many chunks per offset) and a case with
+# few rows per offset (5-11), where MKL's multi-threaded GEMM splits small-M products differently.
+CASES = {
+    "many_rows": dict(shape=[40, 40, 20], density=0.2, c_in=4, c=16, batch=2, dtype=torch.float32),
+    "few_rows_per_offset": dict(shape=[8, 8, 8], density=0.1, c_in=32, c=32, batch=1, dtype=torch.float32),
+    "fp64": dict(shape=[16, 16, 8], density=0.3, c_in=3, c=8, batch=2, dtype=torch.float64),
+    "bf16": dict(shape=[16, 16, 8], density=0.3, c_in=3, c=8, batch=2, dtype=torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bitwise_across_runs_and_threads(case):
+    p = CASES[case]
+    x = random_sparse(3, p["shape"], p["batch"], p["c_in"], density=p["density"], dtype=p["dtype"], seed=1)
+    torch.manual_seed(0)
+    net = _net(p["c_in"], p["c"]).to(p["dtype"])
+    ref = _run(net, x, 1)
+    for threads in (2, 1):
+        got = _run(net, x, threads)
+        for i, (a, b) in enumerate(zip(ref, got)):
+            assert torch.equal(a, b), f"tensor {i} differs with {threads} threads"
+
+
+def test_bitwise_across_runs_with_batch_norm():
+    x = random_sparse(3, [16, 16, 8], 2, 3, density=0.3, seed=1)
+    torch.manual_seed(0)
+    net = _net(3, 8, batch_norm=True)
+    ref = _run(net, x, 2)
+    assert all(torch.equal(a, b) for a, b in zip(ref, _run(net, x, 2)))
+
+
+def test_set_deterministic_switch():
+    assert not spconv.is_deterministic()
+    spconv.set_deterministic(True)
+    try:
+        assert spconv.is_deterministic()
+    finally:
+        spconv.set_deterministic(False)
+    assert not spconv.is_deterministic()
+    saved = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert spconv.is_deterministic()
+    finally:
+        torch.use_deterministic_algorithms(saved)
+
+
+def test_runs_under_torch_deterministic_algorithms():
+    # Nothing in the CPU route is flagged nondeterministic by torch, and the bits match the default mode.
+    p = CASES["fp64"]
+    x = random_sparse(3, p["shape"], 2, 3, density=0.3, dtype=torch.float64, seed=2)
+    torch.manual_seed(0)
+    net = _net(3, 8, batch_norm=True).double()
+    ref = _run(net, x, 2)
+    saved = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        got = _run(net, x, 2)
+    finally:
+        torch.use_deterministic_algorithms(saved)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_gpu_bitwise_across_runs():
+    x = random_sparse(3, [40, 40, 20], 2, 4, density=0.2, seed=1)
+    x = spconv_pt.SparseConvTensor(x.features.cuda(), x.indices.cuda(), x.spatial_shape, 2)
+    torch.manual_seed(0)
+    net = _net(4, 32, batch_norm=True).cuda()
+    spconv.set_deterministic(True)
+    try:
+        ref = _run(net, x, 1)
+        for _ in range(3):
+            assert all(torch.equal(a, b) for a, b in zip(ref, _run(net, x, 1)))
+    finally:
+        spconv.set_deterministic(False)
