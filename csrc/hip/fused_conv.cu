@@ -7,7 +7,7 @@
 //    the device: SIMT FMA (every target, every dtype), WMMA fp16/bf16 (NVIDIA sm_80+), MFMA fp16/bf16
 //    (gfx90a / gfx94x). The body is picked by the compile target inside the kernel.
 //  * dfilter: per-offset gathered GEMM x^T dy with split-K partials in an fp32 workspace, reduced in a fixed
-//    order (deterministic, no atomics).
+//    order (deterministic, no atomics); same three bodies (SIMT, WMMA, MFMA) with the same launch shape.
 #include "hip_compat.h"
 
 #if defined(SPCONV_CUDA)
@@ -314,40 +314,86 @@ __global__ void __launch_bounds__(kThreads) fused_forward_kernel(FwdArgs a) {
 // ---- dfilter: 64 (cin) x 64 (cout) tile of dW[k] per block, one split-K chunk of the pairs ----
 constexpr int BP = 32;  // pairs per step
 
+struct DfArgs {
+  const void* x;
+  const void* dy;
+  const int32_t* pair_in;
+  const int32_t* pair_out;
+  const int64_t* pair_offsets;
+  int64_t cin, cout;
+  int splits, tiles_co;
+  int vec;  // 16-byte loads allowed (16-bit types, cin % 8 == 0, cout % 8 == 0, aligned)
+  float* ws;
+};
+
+struct DfState {
+  int32_t in[BP], out[BP];
+};
+
+// The pair range of this block's (offset, split) and its tile origin.
+struct DfTile {
+  int64_t pb, pe, ci0, co0;
+  int k, s;
+};
+
+__device__ __forceinline__ DfTile df_tile(const DfArgs& a) {
+  DfTile t;
+  t.k = blockIdx.z;
+  t.s = blockIdx.y;
+  t.ci0 = int64_t(blockIdx.x / a.tiles_co) * BM;
+  t.co0 = int64_t(blockIdx.x % a.tiles_co) * BN;
+  const int64_t begin = a.pair_offsets[t.k], count = a.pair_offsets[t.k + 1] - begin;
+  const int64_t chunk = (count + a.splits - 1) / a.splits;
+  t.pb = begin + t.s * chunk;
+  t.pe = t.pb + chunk < begin + count ? t.pb + chunk : begin + count;
+  if (t.pb > t.pe) t.pb = t.pe;
+  return t;
+}
+
+__device__ __forceinline__ void df_load_pairs(const DfArgs& a, DfState& st, int64_t p0, int64_t pe) {
+  const int tid = threadIdx.x;
+  __syncthreads();
+  if (tid < BP) {
+    const bool ok = p0 + tid < pe;
+    st.in[tid] = ok ? a.pair_in[p0 + tid] : -1;
+    st.out[tid] = ok ? a.pair_out[p0 + tid] : -1;
+  }
+  __syncthreads();
+}
+
+// Writes a 64x64 fp32 tile (row stride ld) to the workspace slice of (k, s).
+__device__ __forceinline__ void df_store(const DfArgs& a, const DfTile& t, const float* c, int ld) {
+  float* out = a.ws + (int64_t(t.k) * a.splits + t.s) * a.cin * a.cout;
+  for (int e = threadIdx.x; e < BM * BN; e += kThreads) {
+    const int r = e / BN, n = e % BN;
+    const int64_t ci = t.ci0 + r, co = t.co0 + n;
+    if (ci < a.cin && co < a.cout) out[ci * a.cout + co] = c[r * ld + n];
+  }
+}
+
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    dfilter_kernel(const T* __restrict__ x, const T* __restrict__ dy, const int32_t* __restrict__ pair_in,
-                   const int32_t* __restrict__ pair_out, const int64_t* __restrict__ pair_offsets, int64_t cin,
-                   int64_t cout, int splits, int tiles_co, float* __restrict__ ws) {
+__device__ void dfilter_simt(const DfArgs& a) {
+  __shared__ DfState st;
   __shared__ float As[BP][BM + 4];
   __shared__ float Bs[BP][BN + 4];
-  __shared__ int32_t s_in[BP], s_out[BP];
-  const int k = blockIdx.z, s = blockIdx.y;
-  const int64_t ci0 = int64_t(blockIdx.x / tiles_co) * BM, co0 = int64_t(blockIdx.x % tiles_co) * BN;
+  const T* x = static_cast<const T*>(a.x);
+  const T* dy = static_cast<const T*>(a.dy);
+  const DfTile t = df_tile(a);
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  const int64_t begin = pair_offsets[k], count = pair_offsets[k + 1] - begin;
-  const int64_t chunk = (count + splits - 1) / splits;
-  const int64_t pb = begin + s * chunk;
-  const int64_t pe = pb + chunk < begin + count ? pb + chunk : begin + count;
   float acc[4][4];
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
-  for (int64_t p0 = pb; p0 < pe; p0 += BP) {
-    if (tid < BP) {
-      const bool ok = p0 + tid < pe;
-      s_in[tid] = ok ? pair_in[p0 + tid] : -1;
-      s_out[tid] = ok ? pair_out[p0 + tid] : -1;
-    }
-    __syncthreads();
+  for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP) {
+    df_load_pairs(a, st, p0, t.pe);
     for (int e = tid; e < BP * BM; e += kThreads) {
       const int c = e % BM, p = e / BM;
-      const int32_t r = s_in[p];
-      As[p][c] = (r >= 0 && ci0 + c < cin) ? to_float(x[int64_t(r) * cin + ci0 + c]) : 0.f;
+      const int32_t r = st.in[p];
+      As[p][c] = (r >= 0 && t.ci0 + c < a.cin) ? to_float(x[int64_t(r) * a.cin + t.ci0 + c]) : 0.f;
     }
     for (int e = tid; e < BP * BN; e += kThreads) {
       const int c = e % BN, p = e / BN;
-      const int32_t r = s_out[p];
-      Bs[p][c] = (r >= 0 && co0 + c < cout) ? to_float(dy[int64_t(r) * cout + co0 + c]) : 0.f;
+      const int32_t r = st.out[p];
+      Bs[p][c] = (r >= 0 && t.co0 + c < a.cout) ? to_float(dy[int64_t(r) * a.cout + t.co0 + c]) : 0.f;
     }
     __syncthreads();
 #pragma unroll 8
@@ -358,17 +404,145 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
-    __syncthreads();
   }
-  float* out = ws + (int64_t(k) * splits + s) * cin * cout;
+  float* out = a.ws + (int64_t(t.k) * a.splits + t.s) * a.cin * a.cout;
   for (int i = 0; i < 4; ++i) {
-    const int64_t ci = ci0 + ty * 4 + i;
-    if (ci >= cin) continue;
+    const int64_t ci = t.ci0 + ty * 4 + i;
+    if (ci >= a.cin) continue;
     for (int j = 0; j < 4; ++j) {
-      const int64_t co = co0 + tx * 4 + j;
-      if (co < cout) out[ci * cout + co] = acc[i][j];
+      const int64_t co = t.co0 + tx * 4 + j;
+      if (co < a.cout) out[ci * a.cout + co] = acc[i][j];
     }
   }
+}
+
+#if defined(SPCONV_DEVICE_WMMA) || defined(SPCONV_DEVICE_MFMA)
+// Gathered tiles of 16-bit raw bits: As[p][ci] = x[pair_in[p], ci0 + ci], Bs[p][co] = dy[pair_out[p], co0 + co].
+template <int LD>
+__device__ __forceinline__ void df_load_16bit(const DfArgs& a, const DfState& st, const DfTile& t,
+                                              uint16_t (*As)[LD], uint16_t (*Bs)[LD]) {
+  const uint16_t* x = static_cast<const uint16_t*>(a.x);
+  const uint16_t* dy = static_cast<const uint16_t*>(a.dy);
+  const int tid = threadIdx.x;
+  if (a.vec) {  // BP * 64 / 8 == kThreads vectors per tile
+    const int p = tid / 8, c = (tid % 8) * 8;
+    uint4 va = make_uint4(0u, 0u, 0u, 0u), vb = make_uint4(0u, 0u, 0u, 0u);
+    const int32_t ri = st.in[p], ro = st.out[p];
+    if (ri >= 0 && t.ci0 + c < a.cin) va = *reinterpret_cast<const uint4*>(x + int64_t(ri) * a.cin + t.ci0 + c);
+    if (ro >= 0 && t.co0 + c < a.cout) vb = *reinterpret_cast<const uint4*>(dy + int64_t(ro) * a.cout + t.co0 + c);
+    *reinterpret_cast<uint4*>(&As[p][c]) = va;
+    *reinterpret_cast<uint4*>(&Bs[p][c]) = vb;
+  } else {
+    for (int e = tid; e < BP * 64; e += kThreads) {
+      const int p = e / 64, c = e % 64;
+      const int32_t ri = st.in[p], ro = st.out[p];
+      As[p][c] = (ri >= 0 && t.ci0 + c < a.cin) ? x[int64_t(ri) * a.cin + t.ci0 + c] : uint16_t(0);
+      Bs[p][c] = (ro >= 0 && t.co0 + c < a.cout) ? dy[int64_t(ro) * a.cout + t.co0 + c] : uint16_t(0);
+    }
+  }
+}
+#endif
+
+#if defined(SPCONV_DEVICE_WMMA)
+// dW tile = As^T Bs: matrix_a is As read column-major (element (ci, p) at As[p][ci]).
+template <typename T>
+__device__ void dfilter_wmma(const DfArgs& a) {
+  using namespace nvcuda;
+  typedef typename std::conditional<std::is_same<T, __half>::value, __half, __nv_bfloat16>::type MT;
+  constexpr int LD = 64 + 8, LDC = BN + 4;
+  __shared__ DfState st;
+  __shared__ __align__(32) uint16_t As[BP][LD];
+  __shared__ __align__(32) uint16_t Bs[BP][LD];
+  __shared__ __align__(32) float Cs[BM][LDC];
+  const DfTile t = df_tile(a);
+  const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+  wmma::fill_fragment(acc[0], 0.f);
+  wmma::fill_fragment(acc[1], 0.f);
+  for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP) {
+    df_load_pairs(a, st, p0, t.pe);
+    df_load_16bit<LD>(a, st, t, As, Bs);
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < BP; ks += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, MT, wmma::col_major> fa;
+      wmma::load_matrix_sync(fa, reinterpret_cast<const MT*>(&As[ks][wm * 16]), LD);
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, MT, wmma::row_major> fb;
+        wmma::load_matrix_sync(fb, reinterpret_cast<const MT*>(&Bs[ks][wn * 32 + f * 16]), LD);
+        wmma::mma_sync(acc[f], fa, fb, acc[f]);
+      }
+    }
+  }
+  for (int f = 0; f < 2; ++f)
+    wmma::store_matrix_sync(&Cs[wm * 16][wn * 32 + f * 16], acc[f], LDC, wmma::mem_row_major);
+  __syncthreads();
+  df_store(a, t, &Cs[0][0], LDC);
+}
+#endif
+
+#if defined(SPCONV_DEVICE_MFMA)
+template <typename T>
+__device__ void dfilter_mfma(const DfArgs& a) {
+  constexpr int LD = 64 + 8, LDC = BN + 4;
+  __shared__ DfState st;
+  __shared__ __attribute__((aligned(16))) uint16_t As[BP][LD];
+  __shared__ __attribute__((aligned(16))) uint16_t Bs[BP][LD];
+  __shared__ float Cs[BM][LDC];
+  const DfTile t = df_tile(a);
+  const int wave = threadIdx.x / 64, lane = threadIdx.x % 64, lr = lane % 16, lq = lane / 16;
+  mfma_float4 acc[4];
+  for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
+  for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP) {
+    df_load_pairs(a, st, p0, t.pe);
+    df_load_16bit<LD>(a, st, t, As, Bs);
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < BP; ks += 16) {
+      mfma_short4 av;  // A[ci][p] = As[p][ci]
+      for (int i = 0; i < 4; ++i) av[i] = static_cast<short>(As[ks + 4 * lq + i][wave * 16 + lr]);
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        mfma_short4 bv;
+        for (int i = 0; i < 4; ++i) bv[i] = static_cast<short>(Bs[ks + 4 * lq + i][f * 16 + lr]);
+        if constexpr (std::is_same<T, __half>::value) {
+          mfma_half4 ah, bh;
+          __builtin_memcpy(&ah, &av, sizeof(ah));
+          __builtin_memcpy(&bh, &bv, sizeof(bh));
+          acc[f] = __builtin_amdgcn_mfma_f32_16x16x16f16(ah, bh, acc[f], 0, 0, 0);
+        } else {
+          acc[f] = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, acc[f], 0, 0, 0);
+        }
+      }
+    }
+  }
+  for (int f = 0; f < 4; ++f)
+    for (int i = 0; i < 4; ++i) Cs[wave * 16 + 4 * lq + i][f * 16 + lr] = acc[f][i];
+  __syncthreads();
+  df_store(a, t, &Cs[0][0], LDC);
+}
+#endif
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) dfilter_kernel(DfArgs a) {
+  constexpr bool k16 = !std::is_same<T, float>::value;
+#if defined(SPCONV_DEVICE_WMMA)
+  if constexpr (k16) {
+    dfilter_wmma<T>(a);
+  } else {
+    dfilter_simt<T>(a);
+  }
+#elif defined(SPCONV_DEVICE_MFMA)
+  if constexpr (k16) {
+    dfilter_mfma<T>(a);
+  } else {
+    dfilter_simt<T>(a);
+  }
+#else
+  (void)k16;
+  dfilter_simt<T>(a);
+#endif
 }
 
 template <typename T>
@@ -443,11 +617,22 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
                    void* dw, hipStream_t stream) {
   const int64_t tiles_ci = (cin + BM - 1) / BM, tiles_co = (cout + BN - 1) / BN;
   if (kvol > 65535 || splits > 65535 || tiles_ci * tiles_co > 0x7fffffffLL) return static_cast<int>(hipErrorInvalidValue);
+  DfArgs a{};
+  a.x = x;
+  a.dy = dy;
+  a.pair_in = pair_in;
+  a.pair_out = pair_out;
+  a.pair_offsets = pair_offsets;
+  a.cin = cin;
+  a.cout = cout;
+  a.splits = splits;
+  a.tiles_co = static_cast<int>(tiles_co);
+  a.vec = !std::is_same<T, float>::value && cin % 8 == 0 && cout % 8 == 0 &&
+          reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0;
+  a.ws = ws;
   dim3 grid(static_cast<unsigned int>(tiles_ci * tiles_co), static_cast<unsigned int>(splits),
             static_cast<unsigned int>(kvol));
-  dfilter_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy), pair_in,
-                                                   pair_out, pair_offsets, cin, cout, splits,
-                                                   static_cast<int>(tiles_co), ws);
+  dfilter_kernel<T><<<grid, kThreads, 0, stream>>>(a);
   SPCONV_RETURN_IF_ERROR(last_launch_error());
   const int64_t total = kvol * cin * cout;
   dfilter_reduce_kernel<T><<<grid_1d(total, kThreads), kThreads, 0, stream>>>(ws, kvol, cin * cout, splits,
