@@ -150,6 +150,22 @@ def test_mm_yardstick_does_the_same_flops():
     assert mm.product_ms((0, 8, 16)) == 0.0
 
 
+def test_mm_yardstick_caps_the_long_dimension_and_scales(monkeypatch):
+    timed = []
+
+    def fake_time_fn(fn, device, plan):
+        timed.append(tuple(fn().shape))
+        return Stats([2.0])
+
+    monkeypatch.setattr(baseline, "time_fn", fake_time_fn)
+    mm = baseline.MMBaseline(torch.device("cpu"), torch.float32, Plan(0, 1))
+    mm.row_cap = 100
+    assert mm.product_ms((1000, 8, 16)) == pytest.approx(20.0)  # forward / dX: rows capped
+    assert mm.product_ms((8, 1000, 16)) == pytest.approx(20.0)  # dW: reduction length capped
+    assert mm.product_ms((50, 8, 16)) == pytest.approx(2.0)  # small products are timed whole
+    assert timed == [(100, 16), (8, 16), (50, 16)]
+
+
 def test_reference_pairs_match_brute_force():
     rng = np.random.default_rng(0)
     zyx = np.unique(rng.integers(0, 6, size=(40, 3)), axis=0)

@@ -26,11 +26,18 @@ def mm_shapes(layer: ConvLayer, pass_name: str) -> List[Shape]:
     return fwd + bwd
 
 
+# On a CPU, products are timed on at most this many rows (or reduction length) and scaled linearly: GEMM
+# throughput is flat well before that size, and timing the basic network's full 180 GFLOP would take longer
+# than the network itself. On a GPU every product is timed whole.
+CPU_ROW_CAP = 1 << 15
+
+
 class MMBaseline:
     """Times each distinct product once (median of a plan) and sums them per workload pass."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype, plan: Plan):
         self.device, self.dtype, self.plan = device, dtype, plan
+        self.row_cap = CPU_ROW_CAP if device.type == "cpu" else None
         self._ms: Dict[Shape, float] = {}
 
     def product_ms(self, shape: Shape) -> float:
@@ -38,13 +45,20 @@ class MMBaseline:
             m, k, n = shape
             if m * k * n == 0:
                 self._ms[shape] = 0.0
-            else:
-                # Drawn on the device: a 1e6-voxel layer's gathered operand can hold billions of values.
-                gen = torch.Generator(device=self.device).manual_seed(0)
-                a = torch.randn(m, k, generator=gen, device=self.device).to(self.dtype)
-                b = torch.randn(k, n, generator=gen, device=self.device).to(self.dtype)
-                self._ms[shape] = time_fn(lambda: torch.mm(a, b), self.device, self.plan).median
-                del a, b
+                return 0.0
+            # Cap the long dimension (the pair count: m for forward and dX, k for dW) and scale back up.
+            long_axis = 0 if m >= k else 1
+            dims = [m, k, n]
+            scale = 1.0
+            if self.row_cap is not None and dims[long_axis] > self.row_cap:
+                scale = dims[long_axis] / self.row_cap
+                dims[long_axis] = self.row_cap
+            # Drawn on the device: a 1e6-voxel layer's gathered operand can hold billions of values.
+            gen = torch.Generator(device=self.device).manual_seed(0)
+            a = torch.randn(dims[0], dims[1], generator=gen, device=self.device).to(self.dtype)
+            b = torch.randn(dims[1], dims[2], generator=gen, device=self.device).to(self.dtype)
+            self._ms[shape] = time_fn(lambda: torch.mm(a, b), self.device, self.plan).median * scale
+            del a, b
         return self._ms[shape]
 
     def pass_ms(self, layers: List[ConvLayer], pass_name: str) -> float:

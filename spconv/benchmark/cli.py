@@ -13,7 +13,7 @@ from typing import List, Optional
 import torch
 
 import spconv
-from spconv.benchmark import compare, report
+from spconv.benchmark import baseline, compare, report
 from spconv.benchmark.plot import save_plot
 from spconv.benchmark.progress import iterate
 from spconv.benchmark.results import Check, Record
@@ -108,7 +108,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         "threads": torch.get_num_threads(), "backends": ",".join(info.get("backends", [])),
         "chosen_route": chosen_route_name(device),
         "timing": (f"{'CUDA events' if device.type == 'cuda' else 'host clock'}, {plan.describe()} per "
-                   f"measurement; median and min-max"),
+                   f"measurement; median and min-max"
+                   + ("" if device.type == "cuda" else
+                      f"; torch.mm timed on <= {baseline.CPU_ROW_CAP} rows per product, scaled linearly")),
     }
     ctx = Context(device=device, dtypes=pick_dtypes(args, device), plan=plan, record=record, quick=args.quick,
                   full=args.full, with_cpu_route=args.cpu_route or (args.full and device.type == "cuda"),
