@@ -69,7 +69,8 @@ def main(job_dir):
                 stats = timing.time_fn(lambda: net(x), device, timing.Plan(max(plan.warmup - 1, 0), plan.iters))
             run["times"]["forward"] = stats.samples_ms
         except Exception as e:
-            run["errors"]["forward"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            run["errors"]["forward"] = f"{type(e).__name__}: {msg}"
             run["traceback"] = traceback.format_exc()[-2000:]
             result["runs"].append(run)
             continue

@@ -7,7 +7,6 @@ import numpy as np
 import torch
 
 import spconv.pytorch as sp
-from spconv.benchmark import scenes
 from spconv.benchmark.results import Check
 from spconv.benchmark.routes import Route, available_routes, chosen_route_name, forced_native
 from spconv.benchmark.timing import Plan, time_fn

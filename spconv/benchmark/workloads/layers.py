@@ -2,9 +2,8 @@
 with the kernel map cached (features only, as for the 2nd..nth layer sharing an indice_key) and uncached
 (map built in the call, as for the first)."""
 import functools
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
-import numpy as np
 import torch
 
 import spconv.pytorch as sp
