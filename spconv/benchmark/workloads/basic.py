@@ -1,6 +1,7 @@
 """``basic`` and ``large``: spconv's bench_basic network end to end (kernel maps built inside, as in a model),
 on a scan (synthetic by default, ``--data``) or on stacked sweeps (``large``, ``--points``)."""
 import functools
+import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -38,7 +39,7 @@ class Scan:
 def basic_scan(data: Optional[str], quick: bool, seed: int) -> Scan:
     if data:
         f, i, s = scenes.load_voxels_npz(data)
-        return Scan(f"{data} ({fmt_count(len(i))} voxels)", f, i, s)
+        return Scan(f"{os.path.basename(data)} ({fmt_count(len(i))} voxels)", f, i, s)
     f, i, s = scenes.synthetic_scan(quick, seed)
     return Scan(f"synthetic scan ({fmt_count(len(i))} voxels{', quick' if quick else ''})", f, i, s)
 
@@ -55,7 +56,7 @@ def large_scan(points: Optional[str], quick: bool, seed: int) -> Scan:
     voxels, coords, num = gen(torch.from_numpy(pc))
     feats = (voxels.sum(1) / num.clamp(min=1).unsqueeze(1).to(voxels.dtype)).numpy()
     idx = np.concatenate([np.zeros((len(coords), 1), np.int32), coords.numpy().astype(np.int32)], 1)
-    src = points if points else "synthetic sweep"
+    src = os.path.basename(points) if points else "synthetic sweep"
     return Scan(f"{src} x8 ({fmt_count(len(idx))} voxels)", feats, idx, list(grid.spatial_shape))
 
 
