@@ -176,7 +176,7 @@ class SparseConvolution(SparseModule):
         out_spatial_shape = self._out_spatial_shape(spatial_shape)
 
         # A kernel-volume-1 inverse conv still restores the coordinates stored under its key (spconv 2.x would
-        # return the downsampled ones); it keeps the 1x1 weight reading below.
+        # return the downsampled ones), reading its weight like any other inverse conv.
         restore = self.inverse and input.find_indice_pair(self.indice_key) is not None
         if self.conv1x1 and not restore:
             out = torch.mm(features, weight.view(self.in_channels, self.out_channels))
@@ -216,9 +216,7 @@ class SparseConvolution(SparseModule):
                     outids, input.indices, maps, spatial_shape, out_spatial_shape, is_subm=self.subm,
                     algo=self.algo, ksize=self.kernel_size, stride=self.stride, dilation=self.dilation,
                     padding=self.padding)
-        filters = (weight.reshape(1, self.in_channels, self.out_channels) if self.conv1x1 else
-                   weight_to_filters(weight))
-        out = conv_features(features, filters, maps, outids.shape[0])
+        out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
         return input.with_structure(self._finish(out, bias), outids, out_spatial_shape, indice_dict)
 
     def _check_subm_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
