@@ -119,36 +119,51 @@ class LayerClock:
             h.remove()
 
 
-def _dense_check(ctx: Context, workload: str, scan: Scan, route: Route, dtype_name: str, backward: bool) -> Check:
-    """The network's first stages on a cropped window vs F.conv3d / F.max_pool3d on its dense grid (FP32)."""
-    size = QUICK_CROP if ctx.quick else CROP
+def _dense_check(ctx: Context, workload: str, scan: Scan, route: Route, dtype_name: str, backward: bool,
+                 size=None) -> Check:
+    """The network's first stages on a cropped window vs F.conv3d / F.max_pool3d on its dense grid.
+
+    The reference runs in FP32 (FP64 for an FP64 check) with the very weights the sparse net has. Weight gradients
+    are compared in FP32 only for the layers after the max-pool: a pool's winner can flip between near-equal
+    inputs under FP32 rounding and send a gradient elsewhere, which is not a wrong answer. The FP64 check
+    compares every layer's dW.
+    """
+    size = size or (QUICK_CROP if ctx.quick else CROP)
     origin = scenes.crop_window(scan.indices, size, seed=ctx.seed)
     f, i, shape = scenes.crop(scan.features, scan.indices, origin, size)
     dtype = DTYPES[dtype_name]
+    ref_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     net = build_net(route.device, dtype, ctx.seed)[:CHECK_PREFIX]
-    ref_net = build_net(torch.device("cpu"), torch.float32, ctx.seed)[:CHECK_PREFIX]
+    ref_net = build_net(torch.device("cpu"), ref_dtype, ctx.seed)[:CHECK_PREFIX]
     specs = network.basic_layer_specs(scan.features.shape[1])[:CHECK_PREFIX]
+    convs = [m for m in net.children() if hasattr(m, "weight")]
+    weights = [m.weight for m in ref_net.children() if hasattr(m, "weight")]
+    with torch.no_grad():
+        for w, m in zip(weights, convs):
+            w.copy_(m.weight.to(ref_dtype).cpu())
+    backward = backward and dtype in (torch.float32, torch.float64) and dtype_name != "tf32"
     x = sparse_tensor(sp, f, i, shape, route.device, dtype)
     with forced_native(route.force_native), tf32_mode(dtype_name):
         y = net(x)
-        got = y.dense().float().cpu()
+        got = y.dense().to(ref_dtype).cpu()
         if backward:
             y.features.backward(fixed_grad()(y.features))
-    xd, mask = reference.to_dense(torch.from_numpy(f).to(dtype).float(), torch.from_numpy(i), shape)
-    weights = [m.weight for m in ref_net.children() if hasattr(m, "weight")]
+    xd, mask = reference.to_dense(torch.from_numpy(f).to(dtype).to(ref_dtype), torch.from_numpy(i), shape)
     ref = reference.dense_sequential(specs, weights, xd, mask)
     err = reference.rel_error(got, ref)
     what = f"{route.name} {dtype_name} vs dense F.conv3d reference, crop {'x'.join(map(str, size))}"
     detail = f"{len(i)} voxels, first {CHECK_PREFIX} modules"
     if backward:
         # dW of the sparse net vs dW of the dense net for the same upstream gradient at the active sites.
-        dense_out = ref.permute(0, 2, 3, 4, 1)[0][tuple(torch.from_numpy(y.indices.cpu().numpy()[:, 1:].T).long())]
-        dense_out.backward(fixed_grad()(y.features).float().cpu())
-        grads = [(m.weight.grad, r.grad) for m, r in zip((m for m in net.children() if hasattr(m, "weight")),
-                                                         weights)]
-        gerr = max(reference.rel_error(g, r) for g, r in grads)
-        err = max(err, gerr)
-        what += " (output and dW)"
+        oi = y.indices.cpu().long()
+        ref[0].permute(1, 2, 3, 0)[oi[:, 1], oi[:, 2], oi[:, 3]].backward(
+            fixed_grad()(y.features).to(ref_dtype).cpu())
+        last_pool = max(j for j, s in enumerate(specs) if s[0] == "pool")
+        conv_pos = [j for j, s in enumerate(specs) if s[0] == "subm"]
+        pairs = [(m.weight.grad, r.grad) for j, m, r in zip(conv_pos, convs, weights)
+                 if dtype == torch.float64 or j > last_pool]
+        err = max(err, max(reference.rel_error(g, r) for g, r in pairs))
+        what += " (output and dW, every layer)" if dtype == torch.float64 else " (output and dW after the pool)"
     tol = reference.TF32_TOLERANCE if dtype_name == "tf32" else reference.TOLERANCE[dtype]
     return Check(workload, what, err, tol, detail)
 
@@ -208,6 +223,9 @@ def _run_one(ctx: Context, which: str, scan_fn, route: Route, chosen: bool, dtyp
         if device.type != "cpu" and route.name != "native" and not route.force_native:
             ctx.record.checks.append(_vs_native(which, net, x, route, dtype_name))
     ctx.record.checks.append(_dense_check(ctx, which, scan, route, dtype_name, backward=train is not None))
+    if train is not None and dtype_name == ctx.dtypes[0]:
+        # Every layer's dW, pool backward included, where rounding can't flip a max: FP64 on a small window.
+        ctx.record.checks.append(_dense_check(ctx, which, scan, route, "fp64", backward=True, size=QUICK_CROP))
 
 
 def _vs_native(which: str, net, x, route: Route, dtype_name: str) -> Check:

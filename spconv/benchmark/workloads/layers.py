@@ -115,6 +115,8 @@ def _dense_check(ctx, kind, c, f, idx, feats, route: Route, dtype_name, backward
     dtype = DTYPES[dtype_name]
     layer = make_layer(kind, c, route.device, dtype, ctx.seed)
     ref_layer = make_layer(kind, c, torch.device("cpu"), torch.float32, ctx.seed)
+    with torch.no_grad():  # the very weights the sparse layer has (rounded to its dtype)
+        ref_layer.weight.copy_(layer.weight.float().cpu())
     with forced_native(route.force_native), tf32_mode(dtype_name):
         x = sparse_tensor(sp, cf, ci, shape, route.device, dtype, requires_grad=backward)
         y = layer(x)
