@@ -64,7 +64,11 @@ def dense_reference(kind: str, x: spconv.SparseConvTensor, weight: torch.Tensor,
     elif kind == "conv":
         y = _CONV[nd](xd, w, None, stride, padding, dilation)
     else:
-        y = _DECONV[nd](xd, w.transpose(0, 1).contiguous(), None, stride, padding, 0, 1, dilation)
+        # output_padding recovers the far border that torch's transposed conv would otherwise drop.
+        natural = [(i - 1) * s_ - 2 * p_ + d_ * (k - 1) + 1
+                   for i, s_, p_, d_, k in zip(x.spatial_shape, stride, padding, dilation, weight.shape[1:-1])]
+        out_pad = [max(0, min(o - n_, max(s_, d_) - 1)) for o, n_, s_, d_ in zip(out_shape, natural, stride, dilation)]
+        y = _DECONV[nd](xd, w.transpose(0, 1).contiguous(), None, stride, padding, out_pad, 1, dilation)
     # Crop or zero-pad to the sparse layer's output shape (spconv's transposed formula ignores dilation).
     full = torch.zeros(y.shape[:2] + tuple(out_shape), dtype=y.dtype)
     region = tuple(slice(0, min(a, b)) for a, b in zip(y.shape[2:], out_shape))
@@ -125,4 +129,4 @@ def sort_rows(indices: torch.Tensor, *tensors: torch.Tensor):
 
 def low_precision_ok(diff: torch.Tensor, cin: int, cout: int) -> bool:
     """The FP16/BF16 criterion against an FP32 reference."""
-    return float(diff.float().norm()) < 10 * max(1.0, max(cin, cout) / 16)
+    return float(diff.detach().float().norm()) < 10 * max(1.0, max(cin, cout) / 16)

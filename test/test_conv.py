@@ -41,6 +41,8 @@ def _cases(kind):
                     continue  # padding beyond the kernel extent only adds empty borders
                 if min(_out_shape(SHAPES[nd], k, [s] * nd, [p] * nd, [d] * nd)) <= 0:
                     continue
+                if kind == "deconv" and min((i - 1) * s - 2 * p + kk for i, kk in zip(SHAPES[nd], k)) <= 0:
+                    continue
                 yield nd, k, s, p, d, b
 
 

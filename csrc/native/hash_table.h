@@ -9,45 +9,51 @@
 namespace spconv {
 namespace native {
 
+// Slots are chosen per block of 16 consecutive keys (same batch/z/y, neighbouring x), so the lookups of
+// a voxel's kernel neighbours touch few cache lines; blocks are spread by a 64-bit mix.
 class CoordHashTable {
  public:
   explicit CoordHashTable(int64_t expected) {
-    int64_t cap = 16;
+    int64_t cap = 64;
     while (cap < 2 * expected) cap <<= 1;
     mask_ = static_cast<uint64_t>(cap - 1);
-    keys_.assign(static_cast<size_t>(cap), -1);
-    values_.assign(static_cast<size_t>(cap), -1);
+    slots_.assign(static_cast<size_t>(cap), Slot{-1, -1});
   }
 
   // Inserts key -> value unless present; returns the value stored for key.
   int32_t insert(int64_t key, int32_t value) {
-    uint64_t slot = hash_key(key) & mask_;
-    while (true) {
-      int64_t k = keys_[slot];
-      if (k == key) return values_[slot];
-      if (k == -1) {
-        keys_[slot] = key;
-        values_[slot] = value;
+    for (uint64_t s = slot_of(key);; s = (s + 1) & mask_) {
+      Slot& slot = slots_[s];
+      if (slot.key == key) return slot.value;
+      if (slot.key == -1) {
+        slot = Slot{key, value};
         return value;
       }
-      slot = (slot + 1) & mask_;
     }
   }
 
   int32_t find(int64_t key) const {
-    uint64_t slot = hash_key(key) & mask_;
-    while (true) {
-      int64_t k = keys_[slot];
-      if (k == key) return values_[slot];
-      if (k == -1) return -1;
-      slot = (slot + 1) & mask_;
+    for (uint64_t s = slot_of(key);; s = (s + 1) & mask_) {
+      const Slot& slot = slots_[s];
+      if (slot.key == key) return slot.value;
+      if (slot.key == -1) return -1;
     }
   }
 
  private:
+  static constexpr int kBlockBits = 4;
+  struct Slot {
+    int64_t key;
+    int64_t value;  // int32 id, padded so a slot is 16 bytes
+  };
+
+  uint64_t slot_of(int64_t key) const {
+    const uint64_t low = static_cast<uint64_t>(key) & ((1u << kBlockBits) - 1);
+    return ((hash_key(key >> kBlockBits) << kBlockBits) | low) & mask_;
+  }
+
   uint64_t mask_;
-  std::vector<int64_t> keys_;
-  std::vector<int32_t> values_;
+  std::vector<Slot> slots_;
 };
 
 }  // namespace native

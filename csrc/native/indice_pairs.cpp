@@ -14,28 +14,55 @@ namespace {
 constexpr int64_t kRowBlock = 4096;
 
 int64_t num_blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
+
+// Packed keys of the rows and the row order that sorts them: visiting rows in key order makes
+// consecutive hash lookups land on neighbouring slots.
+void sorted_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, std::vector<int64_t>& keys,
+                 std::vector<int32_t>& order) {
+  const int64_t stride = 1 + g.ndim;
+  keys.resize(static_cast<size_t>(n));
+  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) keys[i] = pack_key(indices[i * stride], indices + i * stride + 1, g.in_shape, g.ndim);
+  });
+  std::vector<std::pair<int64_t, int32_t>> kv(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) kv[i] = {keys[i], static_cast<int32_t>(i)};
+  std::sort(kv.begin(), kv.end());
+  order.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[i] = kv[i].second;
+}
+
+// Per-dimension offsets of every kernel offset index, computed once.
+std::vector<int32_t> kernel_offsets(const ConvGeometry& g) {
+  std::vector<int32_t> offs(static_cast<size_t>(g.kvol * g.ndim));
+  for (int64_t k = 0; k < g.kvol; ++k) unravel_offset(k, g.ksize, g.ndim, offs.data() + k * g.ndim);
+  return offs;
+}
 }  // namespace
 
 int64_t build_subm_map(const int32_t* indices, int64_t n, const ConvGeometry& g, KernelMap& map) {
   const int nd = g.ndim;
   const int64_t stride = 1 + nd;
+  std::vector<int64_t> keys;
+  std::vector<int32_t> order;
+  sorted_keys(indices, n, g, keys, order);
   CoordHashTable table(n);
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t* row = indices + i * stride;
-    int32_t prev = table.insert(pack_key(row[0], row + 1, g.in_shape, nd), static_cast<int32_t>(i));
+    int32_t prev = table.insert(keys[i], static_cast<int32_t>(i));
     if (prev != i) return i;
   }
+  const std::vector<int32_t> offs = kernel_offsets(g);
   map.rows_are_outputs = true;
   map.num_out = n;
   map.table.assign(static_cast<size_t>(n * g.kvol), -1);
   int32_t* out = map.table.data();
   at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
-    int32_t koff[kMaxDim], nb[kMaxDim];
-    for (int64_t i = begin; i < end; ++i) {
+    int32_t nb[kMaxDim];
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t i = order[p];
       const int32_t* row = indices + i * stride;
       for (int64_t k = 0; k < g.kvol; ++k) {
-        unravel_offset(k, g.ksize, nd, koff);
-        if (subm_neighbor(g, row + 1, koff, nb)) out[i * g.kvol + k] = table.find(pack_key(row[0], nb, g.in_shape, nd));
+        if (subm_neighbor(g, row + 1, offs.data() + k * nd, nb))
+          out[i * g.kvol + k] = table.find(pack_key(row[0], nb, g.in_shape, nd));
       }
     }
   });
@@ -47,34 +74,43 @@ void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bo
   const int64_t stride = 1 + nd;
   const int64_t kvol = g.kvol;
   // Phase 1 (parallel): candidate output keys for every (input, offset).
+  const std::vector<int32_t> offs = kernel_offsets(g);
   std::vector<int64_t> keys(static_cast<size_t>(n * kvol), -1);
   at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
-    int32_t koff[kMaxDim], o[kMaxDim];
+    int32_t o[kMaxDim];
     for (int64_t i = begin; i < end; ++i) {
       const int32_t* row = indices + i * stride;
       for (int64_t k = 0; k < kvol; ++k) {
-        unravel_offset(k, g.ksize, nd, koff);
+        const int32_t* koff = offs.data() + k * nd;
         bool ok = transpose ? deconv_output(g, row + 1, koff, o) : conv_output(g, row + 1, koff, o);
         if (ok) keys[i * kvol + k] = pack_key(row[0], o, g.out_shape, nd);
       }
     }
   });
-  // Phase 2 (sequential, so output rows come in first-seen order): unique the outputs.
-  CoordHashTable table(std::min<int64_t>(n * kvol, n * 8 + 16));
+  // Phase 2 (sequential, so output ids are deterministic): unique the outputs, visiting the inputs in
+  // key order so that consecutive inserts touch neighbouring slots. Output rows come in first-seen order.
+  std::vector<int64_t> in_keys;
+  std::vector<int32_t> order;
+  sorted_keys(indices, n, g, in_keys, order);
+  // Sized by the valid candidates: the unique outputs can't outnumber them (a full table would never stop probing).
+  const int64_t candidates = std::count_if(keys.begin(), keys.end(), [](int64_t k) { return k >= 0; });
+  CoordHashTable table(candidates);
   map.rows_are_outputs = false;
   map.table.assign(static_cast<size_t>(n * kvol), -1);
   int32_t next = 0;
   std::vector<int64_t> out_keys;
   out_keys.reserve(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n * kvol; ++t) {
-    int64_t key = keys[t];
-    if (key < 0) continue;
-    int32_t id = table.insert(key, next);
-    if (id == next) {
-      ++next;
-      out_keys.push_back(key);
+  for (int64_t p = 0; p < n; ++p) {
+    for (int64_t t = order[p] * kvol, end = t + kvol; t < end; ++t) {
+      int64_t key = keys[t];
+      if (key < 0) continue;
+      int32_t id = table.insert(key, next);
+      if (id == next) {
+        ++next;
+        out_keys.push_back(key);
+      }
+      map.table[t] = id;
     }
-    map.table[t] = id;
   }
   // Phase 3 (parallel): decode output keys into coordinates.
   map.num_out = next;

@@ -32,7 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_cpu(
     int64_t dup = native::build_subm_map(ip, n, g, map);
     TORCH_CHECK_VALUE(dup < 0, "indices row ", dup, " repeats the coordinate of an earlier row; "
                       "submanifold convolution needs unique coordinates");
-    out_indices = indices_arg;
+    out_indices = indices.clone();  // an op output may not alias its input (schema)
   } else {
     native::build_conv_map(ip, n, g, transpose, map);
     out_indices = at::empty({map.num_out, ndim + 1}, indices.options());

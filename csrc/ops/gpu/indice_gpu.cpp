@@ -83,7 +83,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
                                      nbr.mutable_data_ptr<int32_t>(), stream),
                  "subm_neighbors");
     compact(nbr, /*rows_are_outputs=*/true, pair_in, pair_out, pair_offsets);
-    return {indices_arg, pair_in, pair_out, pair_offsets};
+    return {indices_arg.clone(), pair_in, pair_out, pair_offsets};  // outputs may not alias inputs
   }
 
   at::Tensor keys = at::empty({n * g.kvol}, lopts);
