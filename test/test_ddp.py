@@ -1,5 +1,7 @@
 """DistributedDataParallel on 2 CPU processes (gloo): gradients and a few SGD steps equal single-process training
-on the combined batch; with SparseSyncBatchNorm the statistics span both processes."""
+on the combined batch; with SparseSyncBatchNorm the statistics (and running statistics) span both processes,
+also when one rank has no active sites."""
+import datetime
 import os
 import sys
 
@@ -25,62 +27,102 @@ def _model(sync_bn: bool):
 
 
 def _batch(samples):
-    """Samples (fixed by seed) stacked into one SparseConvTensor, batch index = position in ``samples``."""
-    feats, idx = [], []
+    """Samples (fixed by seed) stacked into one SparseConvTensor, batch index = position in ``samples``;
+    no samples gives a tensor with no active sites."""
+    feats, idx = [torch.zeros(0, 3)], [torch.zeros(0, 4, dtype=torch.long)]
     for b, s in enumerate(samples):
         g = torch.Generator().manual_seed(100 + s)
         flat = torch.randperm(512, generator=g)[:40 + 5 * s]
         coords = torch.stack([flat // 64, flat // 8 % 8, flat % 8], 1)
         idx.append(torch.cat([torch.full((coords.shape[0], 1), b), coords], 1))
         feats.append(torch.randn(coords.shape[0], 3, generator=g))
-    return spconv.SparseConvTensor(torch.cat(feats), torch.cat(idx).int(), SHAPE, len(samples))
+    return spconv.SparseConvTensor(torch.cat(feats), torch.cat(idx).int(), SHAPE, max(1, len(samples)))
 
 
-def _loss(y, n_samples):
-    # Mean over samples of a per-sample loss: DDP's gradient average then equals the combined-batch gradient.
-    return y.features.square().sum() / n_samples
+def _loss(y, scale):
+    # Per-sample loss summed, times world_size / total samples: DDP's gradient average over the ranks then
+    # equals the gradient of the mean loss over the combined batch.
+    return y.features.square().sum() * scale
 
 
-def _train(model, samples, wrap=None):
+def _train(model, samples, wrap=None, scale=None):
     net = model if wrap is None else wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scale = 1.0 / len(samples) if scale is None else scale
     grads = []
     for _ in range(STEPS):
         opt.zero_grad()
-        _loss(net(_batch(samples)), len(samples)).backward()
+        _loss(net(_batch(samples)), scale).backward()
         grads.append([p.grad.clone() for p in model.parameters()])
         opt.step()
-    return grads, [p.detach().clone() for p in model.parameters()]
+    return grads, [p.detach().clone() for p in model.parameters()], [b.clone() for b in model.buffers()]
 
 
-def _worker(rank, init_file, out_dir, sync_bn):
+# name -> (SparseSyncBatchNorm in the net, samples of rank 0, samples of rank 1)
+SCENARIOS = {"plain": (False, [0, 1], [2, 3]), "sync_bn": (True, [0, 1], [2, 3]),
+             "sync_bn_empty_rank": (True, [0, 1, 2, 3], [])}
+
+
+def _worker(rank, init_file, out_dir):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    # A collective that one rank skips fails after the timeout instead of hanging the test.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
     try:
-        model = _model(sync_bn)
-        samples = [0, 1] if rank == 0 else [2, 3]
-        result = _train(model, samples, lambda m: torch.nn.parallel.DistributedDataParallel(m))
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        for name, (sync_bn, *per_rank) in SCENARIOS.items():
+            total = sum(len(s) for s in per_rank)
+            result = _train(_model(sync_bn), per_rank[rank], lambda m: torch.nn.parallel.DistributedDataParallel(m),
+                            scale=2.0 / total)
+            torch.save(result, os.path.join(out_dir, f"{name}_rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory):
+    """One 2-process gloo run (process start-up dominates the time) trains every scenario."""
+    out = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(str(out / "init"), str(out)), nprocs=2, join=True)
+    return out
+
+
 @pytest.mark.skipif(not dist.is_available() or sys.platform == "win32", reason="needs torch.distributed (gloo)")
-@pytest.mark.parametrize("sync_bn", [False, True])
-def test_ddp_matches_single_process(tmp_path, sync_bn):
-    try:
-        mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path), sync_bn), nprocs=2, join=True)
-    except Exception as e:  # noqa: BLE001 - the worker's exception arrives wrapped
-        if sync_bn and ("SyncBatchNorm layers only work with GPU modules" in str(e)
-                        or "SyncBatchNorm expected input tensor to be on GPU" in str(e)):
-            # DDP refuses nn.SyncBatchNorm subclasses on CPU modules and its forward has no CPU path.
-            pytest.xfail("SparseSyncBatchNorm derives from torch's GPU-only SyncBatchNorm; needs a CPU/gloo path")
-        raise
-    grads_ref, params_ref = _train(_model(sync_bn), [0, 1, 2, 3])
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_ddp_matches_single_process(ddp_results, name):
+    sync_bn, *per_rank = SCENARIOS[name]
+    grads_ref, params_ref, buffers_ref = _train(_model(sync_bn), sorted(sum(per_rank, [])))
+    if sync_bn:
+        assert len(buffers_ref) == 3  # running_mean, running_var, num_batches_tracked
+        assert buffers_ref[2].item() == STEPS
     for rank in (0, 1):
-        grads, params = torch.load(tmp_path / f"rank{rank}.pt")
+        grads, params, buffers = torch.load(ddp_results / f"{name}_rank{rank}.pt")
         for step, (g, g_ref) in enumerate(zip(grads, grads_ref)):
             for a, b in zip(g, g_ref):
-                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=lambda m: f"step {step}: {m}")
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m: f"step {step}: {m}")
         for a, b in zip(params, params_ref):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        # BN running statistics (unbiased running_var over the combined batch) and num_batches_tracked.
+        assert len(buffers) == len(buffers_ref)
+        for a, b in zip(buffers, buffers_ref):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_sync_bn_module_surface():
+    """spconv 2.x constructor and state_dict keys; a sparse-aware module; single process = BatchNorm1d."""
+    bn = spconv.SparseSyncBatchNorm(4, eps=1e-3, momentum=0.2, affine=True, track_running_stats=True,
+                                    process_group=None)
+    assert sorted(bn.state_dict()) == sorted(torch.nn.BatchNorm1d(4).state_dict())
+    assert isinstance(bn, torch.nn.modules.batchnorm._BatchNorm) and spconv.is_spconv_module(bn)
+    ref = torch.nn.BatchNorm1d(4, eps=1e-3, momentum=0.2)
+    x = torch.randn(30, 4)
+    t = spconv.SparseConvTensor(x, torch.stack([torch.zeros(30), torch.arange(30), torch.zeros(30)], 1).int(),
+                                [30, 1], 1)
+    torch.testing.assert_close(bn(t).features, ref(x))
+    torch.testing.assert_close(bn.running_var, ref.running_var)
+    bn.eval(), ref.eval()
+    torch.testing.assert_close(bn(x), ref(x))
+    empty = spconv.SparseConvTensor(x[:0], t.indices[:0], [30, 1], 1)
+    assert bn.train()(empty).features.shape == (0, 4)  # not distributed: passes through, stats untouched
+    assert bn.num_batches_tracked.item() == 1
+    conv = spconv.SparseSyncBatchNorm.convert_sync_batchnorm(spconv.SparseSequential(spconv.SparseBatchNorm(4)))
+    assert type(conv[0]) is spconv.SparseSyncBatchNorm

@@ -109,8 +109,82 @@ class SparseBatchNorm(_FeatureWise, nn.BatchNorm1d):
     pass
 
 
-class SparseSyncBatchNorm(_FeatureWise, nn.SyncBatchNorm):
-    pass
+class SparseSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm whose training statistics span every process of ``process_group`` (default: WORLD).
+
+    spconv 2.x's constructor, parameters and state_dict (same keys as ``nn.SyncBatchNorm``), but it runs on CPU
+    (gloo) as well as GPU (nccl/rccl): torch's ``nn.SyncBatchNorm`` is GPU-only and DistributedDataParallel
+    refuses its subclasses in CPU modules, so this derives from ``_BatchNorm`` (``isinstance(m,
+    nn.SyncBatchNorm)`` is False) and reduces the statistics itself (``spconv.pytorch.sync_batchnorm``).
+    Takes a SparseConvTensor (normalizes ``.features``) or a dense ``[N, C, *]`` tensor. In training mode with
+    more than one process every rank joins the collectives, also with no active sites (it then contributes
+    nothing and returns the empty tensor); otherwise it is plain batch norm, and an empty tensor passes through.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group=None, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def _sync_group(self):
+        """The process group to reduce over in this call, or None for plain batch norm."""
+        if not (self.training and torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return None
+        group = self.process_group if self.process_group is not None else torch.distributed.group.WORLD
+        return group if torch.distributed.get_world_size(group) > 1 else None
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)
+        if x.shape[1] != self.num_features:
+            raise ValueError(f"expected {self.num_features} channels, got {x.shape[1]}")
+        group = self._sync_group()
+        if group is None and x.numel() == 0:
+            return x  # as SparseSequential does for dense modules: BatchNorm can't run on 0 rows
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked.item())
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        track = not self.training or self.track_running_stats
+        running_mean = self.running_mean if track else None
+        running_var = self.running_var if track else None
+        if group is None:
+            return nn.functional.batch_norm(x, running_mean, running_var, self.weight, self.bias, bn_training,
+                                            factor, self.eps)
+        from spconv.pytorch.sync_batchnorm import sync_batch_norm
+        return sync_batch_norm(x, self.weight, self.bias, running_mean, running_var, self.eps, factor, group)
+
+    def forward(self, input):
+        if isinstance(input, SparseConvTensor):
+            return input.replace_feature(self._normalize(input.features))
+        return self._normalize(input)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: nn.Module, process_group=None) -> nn.Module:
+        """Replaces every BatchNorm (``_BatchNorm``: BatchNorm1d/2d/3d, SparseBatchNorm, nn.SyncBatchNorm) in
+        ``module`` with a SparseSyncBatchNorm carrying its parameters and running statistics."""
+        out = module
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
+            out = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
+                      process_group)
+            if module.affine:
+                with torch.no_grad():
+                    out.weight = module.weight
+                    out.bias = module.bias
+            out.running_mean = module.running_mean
+            out.running_var = module.running_var
+            out.num_batches_tracked = module.num_batches_tracked
+            out.training = module.training
+            if hasattr(module, "qconfig"):
+                out.qconfig = module.qconfig
+        for name, child in module.named_children():
+            out.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        return out
 
 
 class SparseReLU(_FeatureWise, nn.ReLU):
