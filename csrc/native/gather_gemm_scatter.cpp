@@ -101,41 +101,60 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   });
 }
 
-void gathered_weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_in,
-                          const int32_t* pair_out, const int64_t* offsets, at::Tensor& dw) {
-  const int64_t kvol = dw.size(0), c_in = x.size(1), c_out = dy.size(1);
-  // Long chunks: the GEMM's inner dimension is the pair count.
-  const int64_t rows = 4 * chunk_rows(std::max(c_in, c_out));
-  // One partial product per (offset, chunk), then a fixed-order sum: reproducible bits.
-  std::vector<int64_t> first_chunk(kvol + 1, 0);
-  for (int64_t k = 0; k < kvol; ++k)
-    first_chunk[k + 1] = first_chunk[k] + (offsets[k + 1] - offsets[k] + rows - 1) / rows;
-  const int64_t total = first_chunk[kvol];
-  at::Tensor partial = at::zeros({std::max<int64_t>(total, 1), c_in, c_out}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gathered_weight_grad", [&] {
+void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
+                                  const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
+                                  at::Tensor& dx, at::Tensor& dw) {
+  const int64_t kvol = weights.size(0), c_in = x.size(1), c_out = dy.size(1);
+  const int64_t rows = chunk_rows(std::max(c_in, c_out));
+  // dW[k] is summed over a fixed number of lanes (each a fixed run of chunks), then the lanes in order:
+  // reproducible bits for any thread count, with parallelism up to kLanes threads per offset.
+  constexpr int64_t kLanes = 16;
+  at::Tensor lane_acc = at::empty({kLanes, c_in, c_out}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gather_gemm_scatter_backward", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
-    at::parallel_for(0, total, 1, [&](int64_t t0, int64_t t1) {
-      ChunkGuard guard;
-      at::Tensor a = at::empty({rows, c_in}, x.options());
-      at::Tensor b = at::empty({rows, c_out}, x.options());
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t k = std::upper_bound(first_chunk.begin(), first_chunk.end(), t) - first_chunk.begin() - 1;
-        const int64_t r0 = offsets[k] + (t - first_chunk[k]) * rows;
-        const int64_t m = std::min(rows, offsets[k + 1] - r0);
-        gather_rows(xp, c_in, pair_in + r0, m, a.mutable_data_ptr<scalar_t>());
-        gather_rows(gp, c_out, pair_out + r0, m, b.mutable_data_ptr<scalar_t>());
-        at::Tensor p = partial[t];
-        at::mm_out(p, a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
+    scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
+    for (int64_t k = 0; k < kvol; ++k) {
+      const int64_t begin = offsets[k], count = offsets[k + 1] - begin;
+      at::Tensor dwk = dw[k];
+      if (count == 0) {
+        dwk.zero_();
+        continue;
       }
-    });
-  });
-  at::parallel_for(0, kvol, 1, [&](int64_t k0, int64_t k1) {
-    ChunkGuard guard;
-    for (int64_t k = k0; k < k1; ++k) {
-      at::Tensor acc = dw[k];
-      acc.zero_();
-      for (int64_t t = first_chunk[k]; t < first_chunk[k + 1]; ++t) acc.add_(partial[t]);
+      const at::Tensor wt = weights[k].t();
+      const int32_t* pin = pair_in + begin;
+      const int32_t* pout = pair_out + begin;
+      const bool identity = is_identity(pin, pout, count, x.size(0), dy.size(0));
+      const int64_t n_chunks = (count + rows - 1) / rows;
+      const int64_t lanes = std::min(kLanes, n_chunks);
+      lane_acc.narrow(0, 0, lanes).zero_();
+      at::parallel_for(0, lanes, 1, [&](int64_t l0, int64_t l1) {
+        ChunkGuard guard;
+        at::Tensor a = at::empty({rows, c_in}, x.options());
+        at::Tensor b = at::empty({rows, c_out}, x.options());
+        at::Tensor o = at::empty({rows, c_in}, x.options());
+        for (int64_t lane = l0; lane < l1; ++lane) {
+          at::Tensor acc = lane_acc[lane];
+          for (int64_t c = lane * n_chunks / lanes; c < (lane + 1) * n_chunks / lanes; ++c) {
+            const int64_t r0 = c * rows, m = std::min(rows, count - r0);
+            if (identity) {  // rows map to themselves: no gather or scatter
+              at::Tensor xs = x.narrow(0, r0, m), gs = dy.narrow(0, r0, m);
+              dx.narrow(0, r0, m).addmm_(gs, wt);
+              acc.addmm_(xs.t(), gs);
+              continue;
+            }
+            // One gather of dY serves both dX (dY W^T, scattered to the inputs) and dW (X^T dY).
+            gather_rows(gp, c_out, pout + r0, m, b.mutable_data_ptr<scalar_t>());
+            gather_rows(xp, c_in, pin + r0, m, a.mutable_data_ptr<scalar_t>());
+            at::Tensor bm = b.narrow(0, 0, m), om = o.narrow(0, 0, m);
+            at::mm_out(om, bm, wt);
+            scatter_add_rows(om.const_data_ptr<scalar_t>(), c_in, pin + r0, m, dxp);
+            acc.addmm_(a.narrow(0, 0, m).t(), bm);
+          }
+        }
+      });
+      dwk.copy_(lane_acc[0]);
+      for (int64_t lane = 1; lane < lanes; ++lane) dwk.add_(lane_acc[lane]);
     }
   });
 }

@@ -13,9 +13,12 @@ namespace native {
 void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool transpose_w,
                          const int32_t* gather, const int32_t* scatter, const int64_t* offsets, at::Tensor& dst);
 
-// dW[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]] over the pairs of offset k; dW [kvol, c_in, c_out].
-void gathered_weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_in,
-                          const int32_t* pair_out, const int64_t* offsets, at::Tensor& dw);
+// Backward of the above (transpose_w=false) in one pass over the pairs, dY gathered once per pair:
+// dx[pair_in[p]] += dy[pair_out[p]] @ W_k^T and dw[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]].
+// dx [n_in, c_in] zero-initialised; dw [kvol, c_in, c_out] is overwritten.
+void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
+                                  const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
+                                  at::Tensor& dx, at::Tensor& dw);
 
 }  // namespace native
 }  // namespace spconv

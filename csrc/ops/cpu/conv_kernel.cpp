@@ -44,11 +44,9 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_cpu(const at::Tensor& fe
   at::Tensor dy = out_grad.to(ct).contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
   at::Tensor dx = at::zeros_like(x);
-  native::gather_gemm_scatter(dy, w, /*transpose_w=*/true, pout.const_data_ptr<int32_t>(),
-                              pin.const_data_ptr<int32_t>(), po.const_data_ptr<int64_t>(), dx);
   at::Tensor dw = at::empty_like(w);
-  native::gathered_weight_grad(x, dy, pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
-                               po.const_data_ptr<int64_t>(), dw);
+  native::gather_gemm_scatter_backward(x, w, dy, pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                       po.const_data_ptr<int64_t>(), dx, dw);
   return {dx.to(features.scalar_type()), dw.to(filters.scalar_type())};
 }
 
