@@ -112,5 +112,33 @@ void check_filters(const at::Tensor& filters, const at::Tensor& features, int64_
                     " but features on ", features.device());
 }
 
+ConvGeometry check_indice_pairs_args(const at::Tensor& indices, at::IntArrayRef spatial_shape,
+                                     at::IntArrayRef out_shape, at::IntArrayRef ksize, at::IntArrayRef stride,
+                                     at::IntArrayRef padding, at::IntArrayRef dilation, bool subm) {
+  const int64_t ndim = static_cast<int64_t>(spatial_shape.size());
+  check_indices(indices, ndim);
+  ConvGeometry g = make_geometry(ndim, spatial_shape, subm ? spatial_shape : out_shape, ksize, stride, padding,
+                                 dilation);
+  if (subm) {
+    for (int64_t d = 0; d < ndim; ++d)
+      TORCH_CHECK_VALUE(stride[d] == 1, "submanifold convolution needs stride 1, got ", stride);
+  }
+  return g;
+}
+
+void check_conv_backward_args(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& out_grad,
+                              const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+  check_features(features, "features");
+  check_features(out_grad, "out_grad");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  check_filters(filters, features, pair_offsets.size(0) - 1);
+  TORCH_CHECK_VALUE(out_grad.size(1) == filters.size(2), "out_grad has ", out_grad.size(1),
+                    " channels but filters produce ", filters.size(2));
+  TORCH_CHECK_TYPE(out_grad.scalar_type() == features.scalar_type(), "out_grad dtype ", out_grad.scalar_type(),
+                   " differs from features dtype ", features.scalar_type());
+  TORCH_CHECK_VALUE(out_grad.device() == features.device(), "out_grad is on ", out_grad.device(),
+                    " but features on ", features.device());
+}
+
 }  // namespace ops
 }  // namespace spconv

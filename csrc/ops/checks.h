@@ -28,5 +28,14 @@ void check_features(const at::Tensor& features, const char* name);
 
 void check_filters(const at::Tensor& filters, const at::Tensor& features, int64_t kvol);
 
+// get_indice_pairs: indices and layer geometry (subm needs stride 1). Returns the geometry.
+ConvGeometry check_indice_pairs_args(const at::Tensor& indices, at::IntArrayRef spatial_shape,
+                                     at::IntArrayRef out_shape, at::IntArrayRef ksize, at::IntArrayRef stride,
+                                     at::IntArrayRef padding, at::IntArrayRef dilation, bool subm);
+
+// indice_conv_backward: everything the forward checks, plus out_grad against the filters and features.
+void check_conv_backward_args(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& out_grad,
+                              const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets);
+
 }  // namespace ops
 }  // namespace spconv

@@ -32,12 +32,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_cpu(const at::Tensor& fe
                                                             const at::Tensor& out_grad, const at::Tensor& pair_in,
                                                             const at::Tensor& pair_out,
                                                             const at::Tensor& pair_offsets) {
-  check_features(features, "features");
-  check_features(out_grad, "out_grad");
-  check_pairs(pair_in, pair_out, pair_offsets, features);
-  check_filters(filters, features, pair_offsets.size(0) - 1);
-  TORCH_CHECK_VALUE(out_grad.size(1) == filters.size(2), "out_grad has ", out_grad.size(1),
-                    " channels but filters produce ", filters.size(2));
+  check_conv_backward_args(features, filters, out_grad, pair_in, pair_out, pair_offsets);
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous();
   at::Tensor w = filters.to(ct).contiguous();

@@ -14,13 +14,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_cpu(
     at::IntArrayRef ksize, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool subm,
     bool transpose) {
   const int64_t ndim = static_cast<int64_t>(spatial_shape.size());
-  check_indices(indices_arg, ndim);
-  ConvGeometry g = make_geometry(ndim, spatial_shape, subm ? spatial_shape : out_shape, ksize, stride, padding,
-                                 dilation);
-  if (subm) {
-    for (int64_t d = 0; d < ndim; ++d)
-      TORCH_CHECK_VALUE(stride[d] == 1, "submanifold convolution needs stride 1, got ", stride);
-  }
+  const ConvGeometry g =
+      check_indice_pairs_args(indices_arg, spatial_shape, out_shape, ksize, stride, padding, dilation, subm);
   at::Tensor indices = indices_arg.contiguous();
   check_coordinates(indices, batch_size, g);
   const int64_t n = indices.size(0);

@@ -61,16 +61,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
                                                             const at::Tensor& out_grad, const at::Tensor& pair_in,
                                                             const at::Tensor& pair_out,
                                                             const at::Tensor& pair_offsets) {
-  check_features(features, "features");
-  check_features(out_grad, "out_grad");
-  check_pairs(pair_in, pair_out, pair_offsets, features);
-  check_filters(filters, features, pair_offsets.size(0) - 1);
-  TORCH_CHECK_VALUE(out_grad.size(1) == filters.size(2), "out_grad has ", out_grad.size(1),
-                    " channels but filters produce ", filters.size(2));
-  TORCH_CHECK_TYPE(out_grad.scalar_type() == features.scalar_type(), "out_grad dtype ", out_grad.scalar_type(),
-                   " differs from features dtype ", features.scalar_type());
-  TORCH_CHECK_VALUE(out_grad.device() == features.device(), "out_grad is on ", out_grad.device(),
-                    " but features on ", features.device());
+  check_conv_backward_args(features, filters, out_grad, pair_in, pair_out, pair_offsets);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous(), dy = out_grad.contiguous();

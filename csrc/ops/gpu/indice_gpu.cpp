@@ -50,13 +50,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
     at::IntArrayRef ksize, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool subm,
     bool transpose) {
   const int64_t ndim = static_cast<int64_t>(spatial_shape.size());
-  check_indices(indices_arg, ndim);
-  ConvGeometry g = make_geometry(ndim, spatial_shape, subm ? spatial_shape : out_shape, ksize, stride, padding,
-                                 dilation);
-  if (subm) {
-    for (int64_t d = 0; d < ndim; ++d)
-      TORCH_CHECK_VALUE(stride[d] == 1, "submanifold convolution needs stride 1, got ", stride);
-  }
+  const ConvGeometry g =
+      check_indice_pairs_args(indices_arg, spatial_shape, out_shape, ksize, stride, padding, dilation, subm);
   at::Tensor indices_cpu = indices_arg.cpu().contiguous();
   check_coordinates(indices_cpu, batch_size, g);
   c10::DeviceGuard guard(indices_arg.device());
