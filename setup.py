@@ -36,7 +36,8 @@ def gpu_backend():
 
 
 backend = gpu_backend()
-cxx_flags = ["-O3", "-g0", "-std=c++17", "-fopenmp", "-fvisibility=hidden"]
+# C++20: torch 2.13 headers use C++20 features (bit-field initialisers).
+cxx_flags = ["-O3", "-g0", "-std=c++20", "-fopenmp", "-fvisibility=hidden"]
 macros = [("SPCONV_TORCH_VERSION", '"%s"' % torch.__version__)]
 ext_sources = sources("csrc/module.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/ops/cpu/*.cpp") + sources(
     "csrc/native/*.cpp")
