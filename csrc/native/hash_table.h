@@ -10,17 +10,23 @@ namespace spconv {
 namespace native {
 
 // Slots are chosen per block of 16 consecutive keys (same batch/z/y, neighbouring x), so the lookups of
-// a voxel's kernel neighbours touch few cache lines; blocks are spread by a 64-bit mix. Most kernel-map
+// a voxel's kernel neighbours touch few cache lines; blocks are spread by Fibonacci hashing (one multiply:
+// this sits in the innermost loop of kernel-map building). Most kernel-map
 // lookups miss (a LiDAR voxel has ~6 of 27 neighbours), so a one-bit-per-key filter, 8x the table
 // size in bits and cache-resident, answers most misses without probing the table.
 class CoordHashTable {
  public:
   explicit CoordHashTable(int64_t expected) {
     int64_t cap = 64;
-    while (cap < 2 * expected) cap <<= 1;
+    int bits = 6;
+    while (cap < 2 * expected) {
+      cap <<= 1;
+      ++bits;
+    }
     mask_ = static_cast<uint64_t>(cap - 1);
+    block_shift_ = 64 - (bits - kBlockBits);
+    filter_shift_ = 64 - (bits + 3);
     slots_.assign(static_cast<size_t>(cap), Slot{-1, -1});
-    filter_mask_ = static_cast<uint64_t>(8 * cap - 1);
     filter_.assign(static_cast<size_t>(cap / 8), 0);
   }
 
@@ -55,16 +61,20 @@ class CoordHashTable {
     int64_t value;  // int32 id, padded so a slot is 16 bytes
   };
 
+  static constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+
   uint64_t slot_of(int64_t key) const {
     const uint64_t low = static_cast<uint64_t>(key) & ((1u << kBlockBits) - 1);
-    return ((hash_key(key >> kBlockBits) << kBlockBits) | low) & mask_;
+    const uint64_t block = (static_cast<uint64_t>(key >> kBlockBits) * kGolden) >> block_shift_;
+    return (block << kBlockBits) | low;
   }
 
-  uint64_t filter_bit(int64_t key) const { return hash_key(key) & filter_mask_; }
+  uint64_t filter_bit(int64_t key) const { return ((static_cast<uint64_t>(key) + 1) * kGolden) >> filter_shift_; }
 
   uint64_t mask_;
+  int block_shift_;
+  int filter_shift_;
   std::vector<Slot> slots_;
-  uint64_t filter_mask_;
   std::vector<uint64_t> filter_;
 };
 

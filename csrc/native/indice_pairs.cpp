@@ -55,14 +55,30 @@ int64_t build_subm_map(const int32_t* indices, int64_t n, const ConvGeometry& g,
   map.num_out = n;
   map.table.assign(static_cast<size_t>(n * g.kvol), -1);
   int32_t* out = map.table.data();
+  // A neighbour's key is the row's key plus a per-offset delta, once the neighbour is known to be inside
+  // the grid (checked per dimension): no key packing in the inner loop.
+  std::vector<int64_t> delta(static_cast<size_t>(g.kvol), 0);
+  std::vector<int32_t> shift(static_cast<size_t>(g.kvol * nd));
+  for (int64_t k = 0; k < g.kvol; ++k) {
+    int64_t place = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      const int32_t s = (offs[k * nd + d] - g.ksize[d] / 2) * g.dilation[d];
+      shift[k * nd + d] = s;
+      delta[k] += s * place;
+      place *= g.in_shape[d];
+    }
+  }
   at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
-    int32_t nb[kMaxDim];
     for (int64_t p = begin; p < end; ++p) {
       const int64_t i = order[p];
-      const int32_t* row = indices + i * stride;
+      const int32_t* c = indices + i * stride + 1;
+      const int64_t key = keys[i];
       for (int64_t k = 0; k < g.kvol; ++k) {
-        if (subm_neighbor(g, row + 1, offs.data() + k * nd, nb))
-          out[i * g.kvol + k] = table.find(pack_key(row[0], nb, g.in_shape, nd));
+        const int32_t* s = shift.data() + k * nd;
+        bool inside = true;
+        for (int d = 0; d < nd; ++d)
+          inside &= static_cast<uint32_t>(c[d] + s[d]) < static_cast<uint32_t>(g.in_shape[d]);
+        if (inside) out[i * g.kvol + k] = table.find(key + delta[k]);
       }
     }
   });
