@@ -26,7 +26,21 @@ void sorted_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, std::
   });
   std::vector<std::pair<int64_t, int32_t>> kv(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) kv[i] = {keys[i], static_cast<int32_t>(i)};
-  std::sort(kv.begin(), kv.end());
+  // Sort fixed slices in parallel, then merge them pairwise (the (key, row) order is total: same result).
+  constexpr int64_t kSlices = 8;
+  std::vector<int64_t> bound(kSlices + 1);
+  for (int64_t s = 0; s <= kSlices; ++s) bound[s] = n * s / kSlices;
+  at::parallel_for(0, kSlices, 1, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) std::sort(kv.begin() + bound[s], kv.begin() + bound[s + 1]);
+  });
+  for (int64_t width = 1; width < kSlices; width *= 2) {
+    at::parallel_for(0, kSlices / (2 * width), 1, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) {
+        const int64_t lo = bound[2 * m * width], mid = bound[(2 * m + 1) * width], hi = bound[(2 * m + 2) * width];
+        std::inplace_merge(kv.begin() + lo, kv.begin() + mid, kv.begin() + hi);
+      }
+    });
+  }
   order.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) order[i] = kv[i].second;
 }
