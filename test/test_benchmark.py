@@ -320,6 +320,21 @@ def test_compare_worker_against_ourselves():
         ours = net(sp.SparseConvTensor(torch.from_numpy(cf), torch.from_numpy(ci), cshape, 1))
     check = compare.output_check("basic", "self", "fp32", ours, outputs["fp32"])
     assert check.ok, check
+    # checked output from one thread, a second output at the timed thread count beside it; ours agree
+    assert os.path.exists(outputs["fp32"][:-4] + "_threaded.npz")
+    assert compare.threaded_output_note("self", "fp32", outputs["fp32"], 2) is None
+
+
+def test_threaded_output_note_flags_a_nondeterministic_other(tmp_path):
+    """spconv 2.3.8's CPU scatter races at 2 torch threads: the note says so, the check uses the 1-thread run."""
+    idx = np.array([[0, 0, 0, 0], [0, 1, 2, 3]], np.int32)
+    single = tmp_path / "output_fp32.npz"
+    np.savez(single, features=np.ones((2, 4), np.float32), indices=idx, spatial_shape=np.array([4, 4, 4]))
+    np.savez(tmp_path / "output_fp32_threaded.npz", features=np.full((2, 4), 1.5, np.float32), indices=idx,
+             spatial_shape=np.array([4, 4, 4]))
+    note = compare.threaded_output_note("other 1.0", "fp32", str(single), 2)
+    assert note and "differs from its 1-thread output" in note
+    assert compare.threaded_output_note("other 1.0", "fp32", str(single), 1) is None
 
 
 def test_quick_run_end_to_end(tmp_path):
