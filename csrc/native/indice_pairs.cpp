@@ -67,8 +67,8 @@ int64_t build_subm_map(const int32_t* indices, int64_t n, const ConvGeometry& g,
   const std::vector<int32_t> offs = kernel_offsets(g);
   map.rows_are_outputs = true;
   map.num_out = n;
-  map.table.assign(static_cast<size_t>(n * g.kvol), -1);
-  int32_t* out = map.table.data();
+  map.table.reset(new int32_t[static_cast<size_t>(n * g.kvol)]);
+  int32_t* out = map.table.get();
   // A neighbour's key is the row's key plus a per-offset delta, once the neighbour is known to be inside
   // the grid (checked per dimension): no key packing in the inner loop.
   std::vector<int64_t> delta(static_cast<size_t>(g.kvol), 0);
@@ -92,7 +92,7 @@ int64_t build_subm_map(const int32_t* indices, int64_t n, const ConvGeometry& g,
         bool inside = true;
         for (int d = 0; d < nd; ++d)
           inside &= static_cast<uint32_t>(c[d] + s[d]) < static_cast<uint32_t>(g.in_shape[d]);
-        if (inside) out[i * g.kvol + k] = table.find(key + delta[k]);
+        out[i * g.kvol + k] = inside ? table.find(key + delta[k]) : -1;
       }
     }
   });
@@ -126,7 +126,8 @@ void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bo
   const int64_t candidates = std::count_if(keys.begin(), keys.end(), [](int64_t k) { return k >= 0; });
   CoordHashTable table(candidates);
   map.rows_are_outputs = false;
-  map.table.assign(static_cast<size_t>(n * kvol), -1);
+  map.table.reset(new int32_t[static_cast<size_t>(n * kvol)]);
+  std::fill(map.table.get(), map.table.get() + n * kvol, -1);
   int32_t next = 0;
   std::vector<int64_t> out_keys;
   out_keys.reserve(static_cast<size_t>(n));
@@ -161,7 +162,7 @@ void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bo
 std::vector<int64_t> count_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, int64_t* pair_offsets) {
   const int64_t nb = num_blocks(num_rows);
   std::vector<int64_t> counts(static_cast<size_t>(nb * kvol), 0);
-  const int32_t* t = map.table.data();
+  const int32_t* t = map.table.get();
   at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       int64_t* c = counts.data() + b * kvol;
@@ -181,7 +182,7 @@ std::vector<int64_t> count_pairs(const KernelMap& map, int64_t num_rows, int64_t
 void compact_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, const int64_t* pair_offsets,
                    std::vector<int64_t> block_counts, int32_t* pair_in, int32_t* pair_out) {
   const int64_t nb = num_blocks(num_rows);
-  const int32_t* t = map.table.data();
+  const int32_t* t = map.table.get();
   // Turn the counts into the start of each (block, offset) run: offsets[k] + pairs of earlier blocks at k.
   std::vector<int64_t>& start = block_counts;
   for (int64_t k = 0; k < kvol; ++k) {

@@ -1,6 +1,7 @@
 // Kernel-map generation for the native route: per kernel offset, the (input row, output row) pairs.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "spconv/coords.h"
@@ -13,7 +14,7 @@ struct KernelMap {
   int64_t num_out = 0;
   // table[r * kvol + k]: the partner row of row r through offset k, or -1.
   // Subm: rows are outputs, partners inputs. Regular/transposed: rows are inputs, partners outputs.
-  std::vector<int32_t> table;
+  std::unique_ptr<int32_t[]> table;  // uninitialised on allocation: the builders write every entry
   bool rows_are_outputs = false;
 };
 
