@@ -276,3 +276,22 @@ def test_pool_ops_reject_bad_arguments():
     with pytest.raises(ValueError, match="count"):
         ops.indice_avgpool_backward(torch.randn(n_out, 3, dtype=torch.float64), torch.zeros(n_out, dtype=torch.int32),
                                     pin, pout, po, feats.shape[0])
+
+
+def test_max_pool_propagates_nan_like_dense():
+    """A NaN input makes its windows' outputs NaN and takes their gradient, as F.max_pool3d does."""
+    x = make_sparse(_SHAPE[3], 1, 2, n=40, seed=21, positive=True)
+    feats = x.features.clone()
+    covered = ((x.indices[:, 1:] < torch.tensor([6, 6, 4])).all(1)).nonzero()[0, 0]  # a site some window reads
+    feats[covered, 1] = float("nan")
+    feats.requires_grad_(True)
+    y = _MAX_LAYER[3](2, 2, 0, 1)(with_features(x, feats))
+    yd = y.dense()
+    g = torch.rand(yd.shape, generator=torch.Generator().manual_seed(3), dtype=yd.dtype)
+    (yd * g).nansum().backward()
+    xd = with_features(x, feats.detach()).dense().clone().requires_grad_(True)
+    ref = _MAXPOOL[3](xd, 2, 2, 0, 1)
+    (ref * g).nansum().backward()
+    assert torch.equal(torch.isnan(yd), torch.isnan(ref)) and torch.isnan(yd).sum() == 1
+    torch.testing.assert_close(yd.nan_to_num(), ref.detach().nan_to_num(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(feats.grad, gather_sites(xd.grad, x.indices), atol=1e-4, rtol=1e-4)

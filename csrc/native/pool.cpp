@@ -29,7 +29,7 @@ void maxpool_forward(const T* x, int64_t channels, const int32_t* pair_in, const
     const T* src = x + static_cast<int64_t>(pair_in[p]) * channels;
     T* dst = out + static_cast<int64_t>(pair_out[p]) * channels;
     for (int64_t c = 0; c < channels; ++c)
-      if (src[c] > dst[c]) dst[c] = src[c];
+      if (src[c] > dst[c] || src[c] != src[c]) dst[c] = src[c];  // NaN wins and sticks, as in dense max pooling
   });
 }
 
@@ -47,7 +47,8 @@ void maxpool_backward(const T* x, const T* out, const T* dout, int64_t channels,
     uint8_t* cl = claimed.data() + o * channels;
     T* gi = din + i * channels;
     for (int64_t c = 0; c < channels; ++c) {
-      if (!cl[c] && xi[c] == yo[c]) {
+      const bool is_max = xi[c] == yo[c] || (xi[c] != xi[c] && yo[c] != yo[c]);  // a NaN max is its first NaN
+      if (!cl[c] && is_max) {
         gi[c] += go[c];
         cl[c] = 1;
       }
