@@ -27,7 +27,8 @@ void sorted_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, std::
   std::vector<std::pair<int64_t, int32_t>> kv(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) kv[i] = {keys[i], static_cast<int32_t>(i)};
   // Sort fixed slices in parallel, then merge them pairwise (the (key, row) order is total: same result).
-  constexpr int64_t kSlices = 8;
+  // Small inputs sort in place: a parallel region costs more than the sort there.
+  const int64_t kSlices = n < 16384 ? 1 : 8;
   std::vector<int64_t> bound(kSlices + 1);
   for (int64_t s = 0; s <= kSlices; ++s) bound[s] = n * s / kSlices;
   at::parallel_for(0, kSlices, 1, [&](int64_t s0, int64_t s1) {
