@@ -30,16 +30,28 @@ void check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pair_out, cons
                     "pair_out holds rows outside [0, num_out=", num_out, ")");
 }
 
-at::Tensor indice_maxpool_cpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
-                              const at::Tensor& pair_offsets, int64_t num_out) {
+// The pooling forwards' shared argument checks and operands: contiguous pairs, features in the compute
+// type, and a zeroed output.
+struct PoolOperands {
+  at::Tensor pin, pout, po, x, out;
+};
+
+PoolOperands pool_operands(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
+                           const at::Tensor& pair_offsets, int64_t num_out) {
   check_features(features, "features");
   check_pairs(pair_in, pair_out, pair_offsets, features);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
-  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, features.size(0), num_out);
-  const auto ct = compute_type(features.scalar_type());
-  at::Tensor x = features.to(ct).contiguous();
-  at::Tensor out = at::zeros({num_out, features.size(1)}, x.options());
+  PoolOperands o{pair_in.contiguous(), pair_out.contiguous(), pair_offsets.contiguous(), {}, {}};
+  check_pair_rows(o.pin, o.pout, o.po, features.size(0), num_out);
+  o.x = features.to(compute_type(features.scalar_type())).contiguous();
+  o.out = at::zeros({num_out, features.size(1)}, o.x.options());
+  return o;
+}
+
+at::Tensor indice_maxpool_cpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
+                              const at::Tensor& pair_offsets, int64_t num_out) {
+  auto [pin, pout, po, x, out] = pool_operands(features, pair_in, pair_out, pair_offsets, num_out);
+  const auto ct = x.scalar_type();
   AT_DISPATCH_FLOATING_TYPES(ct, "indice_maxpool", [&] {
     native::maxpool_forward<scalar_t>(x.const_data_ptr<scalar_t>(), x.size(1), pin.const_data_ptr<int32_t>(),
                                       pout.const_data_ptr<int32_t>(), po.const_data_ptr<int64_t>(),
@@ -79,14 +91,8 @@ at::Tensor indice_maxpool_backward_cpu(const at::Tensor& features, const at::Ten
 std::tuple<at::Tensor, at::Tensor> indice_avgpool_cpu(const at::Tensor& features, const at::Tensor& pair_in,
                                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets,
                                                       int64_t num_out) {
-  check_features(features, "features");
-  check_pairs(pair_in, pair_out, pair_offsets, features);
-  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
-  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, features.size(0), num_out);
-  const auto ct = compute_type(features.scalar_type());
-  at::Tensor x = features.to(ct).contiguous();
-  at::Tensor out = at::zeros({num_out, features.size(1)}, x.options());
+  auto [pin, pout, po, x, out] = pool_operands(features, pair_in, pair_out, pair_offsets, num_out);
+  const auto ct = x.scalar_type();
   at::Tensor count = at::zeros({num_out}, pair_in.options());
   AT_DISPATCH_FLOATING_TYPES(ct, "indice_avgpool", [&] {
     native::avgpool_forward<scalar_t>(x.const_data_ptr<scalar_t>(), x.size(1), num_out,
