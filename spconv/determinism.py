@@ -1,8 +1,10 @@
 """Deterministic mode: bitwise-reproducible forward and gradients, run to run and across thread counts.
 
-On the CPU the native route is always deterministic (fixed chunking, single-threaded GEMM per chunk, offsets
-and dfilter partial sums reduced in a fixed order), so the flag changes nothing there. GPU routes consult
-``is_deterministic()`` to pick kernels without floating-point atomics (fixed-order dfilter reduction).
+Every route is deterministic by construction, so the flag has no slower kernel to select and changes nothing:
+the CPU route uses fixed chunking, a single-threaded GEMM per chunk and offsets and dfilter partial sums
+reduced in a fixed order; the GPU routes add no floating-point numbers with atomics (outputs written once,
+fixed-order split-K dfilter, one kernel offset per scatter, ``sparse_add`` in rounds). The switch exists so
+that code asking for determinism (spconv's or torch's) can check that it holds.
 """
 import torch
 

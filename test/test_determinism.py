@@ -1,5 +1,5 @@
 """Determinism: forward and every gradient bitwise identical run to run and across thread counts (CPU), and
-the switch (spconv.set_deterministic, torch.use_deterministic_algorithms) that GPU routes honour."""
+the switch (spconv.set_deterministic, torch.use_deterministic_algorithms) that reports it."""
 import pytest
 import torch
 from torch import nn
@@ -102,12 +102,13 @@ def test_runs_under_torch_deterministic_algorithms():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
-def test_gpu_bitwise_across_runs():
+@pytest.mark.parametrize("flag", [True, False], ids=["set_deterministic", "default"])
+def test_gpu_bitwise_across_runs(flag):
     x = random_sparse(3, [40, 40, 20], 2, 4, density=0.2, seed=1)
     x = spconv_pt.SparseConvTensor(x.features.cuda(), x.indices.cuda(), x.spatial_shape, 2)
     torch.manual_seed(0)
     net = _net(4, 32, batch_norm=True).cuda()
-    spconv.set_deterministic(True)
+    spconv.set_deterministic(flag)  # every GPU route is deterministic either way
     try:
         ref = _run(net, x, 1)
         for _ in range(3):

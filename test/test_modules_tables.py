@@ -147,6 +147,28 @@ def test_sparse_add_matches_dense_sum_with_gradients(fn):
         torch.testing.assert_close(f.grad, gather_sites(g, x.indices))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU"))])
+def test_sparse_add_sums_in_operand_order_bitwise(device):
+    # Overlapping operands, one with a repeated coordinate: every output is the sum of its contributors in
+    # stacked-row order (largest operand first), the order CPU index_add uses; CUDA's atomics would not fix it.
+    xs = [make_sparse([4, 4, 4], 1, 5, n=n, seed=s) for n, s in ((50, 4), (30, 5), (45, 6))]
+    dup = xs[1].indices[:3]
+    xs[1] = spconv.SparseConvTensor(torch.randn(33, 5), torch.cat([xs[1].indices, dup]), xs[1].spatial_shape, 1)
+    xs = [with_features(x, x.features * 1e3 + 1e-3) for x in xs]  # magnitudes where the order changes the bits
+    res = Fsp.sparse_add(*[spconv.SparseConvTensor(x.features.to(device), x.indices.to(device), x.spatial_shape, 1)
+                           for x in xs])
+    res = spconv.SparseConvTensor(res.features.cpu(), res.indices.cpu(), res.spatial_shape, 1)
+    order = sorted(range(3), key=lambda i: -xs[i].indices.shape[0])
+    order = [order[0]] + [i for i in range(3) if i != order[0]]
+    keys = {tuple(r.tolist()): k for k, r in enumerate(res.indices)}
+    expect = torch.zeros_like(res.features)
+    for i in order:
+        for row, f in zip(xs[i].indices, xs[i].features):
+            expect[keys[tuple(row.tolist())]] += f
+    assert torch.equal(res.features, expect)
+
+
 def test_sparse_add_keeps_kernel_maps_only_when_coordinates_are_one_operands():
     x = make_sparse([6, 6, 6], 1, 2, n=40, seed=5)
     big = _subm(2, 2, "keep")(x)  # has indice_dict["keep"]

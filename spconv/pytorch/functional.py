@@ -180,6 +180,26 @@ def _check_addable(tens) -> None:
                              f"{first.features.device}")
 
 
+def _sum_rows_in_order(feats: torch.Tensor, out_row: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """``zeros.index_add(0, out_row, feats)`` with the additions in row order on every device.
+
+    CUDA's index_add adds colliding rows with atomics (the order, and so the bits, vary run to run). Here the
+    rows are added in rounds: round r adds every output's r-th contributor (in stacked-row order), so no
+    round has two rows for one output. Rounds = the largest number of contributors of one output.
+    """
+    out = feats.new_zeros((num_rows, feats.shape[1]))
+    if out_row.numel() == 0:
+        return out
+    sorted_rows, perm = torch.sort(out_row, stable=True)
+    _, counts = torch.unique_consecutive(sorted_rows, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(out_row.numel(), device=out_row.device) - torch.repeat_interleave(starts, counts)
+    for r in range(int(counts.max())):
+        pick = perm[rank == r]
+        out = out.index_add(0, out_row[pick], feats[pick])
+    return out
+
+
 def sparse_add(*tens: SparseConvTensor) -> SparseConvTensor:
     """Sum of tensors on different coordinate sets of the same grid; gradients flow to every operand.
 
@@ -203,7 +223,7 @@ def sparse_add(*tens: SparseConvTensor) -> SparseConvTensor:
     rank_of_uniq[inverse[rows]] = torch.arange(rows.numel(), device=device)
     out_row = rank_of_uniq[inverse]
     feats = torch.cat([tens[i].features for i in order])
-    out_features = feats.new_zeros((rows.numel(), feats.shape[1])).index_add(0, out_row, feats)
+    out_features = _sum_rows_in_order(feats, out_row, rows.numel())
     out_indices = torch.cat([tens[i].indices.to(device) for i in order])[rows].contiguous()
     keep = rows.numel() == sizes[big]
     res = tens[big].with_structure(out_features, out_indices, first.spatial_shape,
