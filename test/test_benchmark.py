@@ -268,6 +268,17 @@ def test_compare_table_ratios():
     assert "only in other 1.0" in text
 
 
+def test_gemm_floor_note():
+    ours = [_measurement(median_ms=1000.0)]
+    ours[0].mm_ms = 500.0
+    theirs = [_measurement(median_ms=2000.0, library="other 1.0"),
+              _measurement(pass_name="backward", library="other 1.0")]
+    notes = compare.gemm_floor_notes(ours, theirs, "other 1.0")
+    assert len(notes) == 1 and "take 500 ms" in notes[0] and "0.25x other 1.0" in notes[0] and "0.50x" in notes[0]
+    ours[0].mm_ms = None
+    assert compare.gemm_floor_notes(ours, theirs, "other 1.0") == []
+
+
 # ---------------------------------------------------------------- CLI and compare plumbing
 
 def test_cli_defaults():

@@ -95,6 +95,21 @@ def other_measurements(result: Dict, ours: List[Measurement], label: str) -> Lis
     return out
 
 
+def gemm_floor_notes(ours: List[Measurement], theirs: List[Measurement], label: str) -> List[str]:
+    """How fast any implementation could be here: the network's useful FLOPs at torch.mm's speed on the same
+    products (measured in this run), as a fraction of the other library's time."""
+    mine = {(m.dtype, m.pass_name): m for m in ours}
+    notes = []
+    for t in theirs:
+        m = mine.get((t.dtype, t.pass_name))
+        if t.pass_name != "forward" or m is None or m.mm_ms is None or not t.median_ms > 0:
+            continue
+        notes.append(f"GEMM floor, basic {t.dtype} forward: its {m.flops / 1e9:.4g} useful GFLOP at torch.mm's speed "
+                     f"take {m.mm_ms:,.4g} ms here = {m.mm_ms / t.median_ms:.2f}x {label}'s time "
+                     f"(this run: {m.median_ms / t.median_ms:.2f}x)")
+    return notes
+
+
 def output_check(workload: str, label: str, dtype_name: str, ours, theirs_npz: str) -> Check:
     """Final outputs compared through their dense form (pooled outputs have no promised row order)."""
     if not os.path.exists(theirs_npz):
@@ -124,7 +139,9 @@ def compare_basic(record: Record, target: Target, scan, net, dtypes: List[str], 
                                   backward)
     label = result["library"]
     ours = [m for m in record.measurements if m.workload == "basic" and m.chosen and m.library == "this"]
-    record.measurements += other_measurements(result, ours, label)
+    theirs = other_measurements(result, ours, label)
+    record.measurements += theirs
+    record.notes += gemm_floor_notes(ours, theirs, label)
     record.meta["compare"] = {"target": target.describe, "library": label, "module_file": result["module_file"],
                               "torch": result["torch"], "threads": result["threads"]}
     for run in result["runs"]:
