@@ -1,6 +1,6 @@
-"""DistributedDataParallel on 2 CPU processes (gloo): gradients and a few SGD steps equal single-process training
-on the combined batch; with SparseSyncBatchNorm the statistics (and running statistics) span both processes,
-also when one rank has no active sites."""
+"""DistributedDataParallel on 2 processes (gloo on CPU; nccl/rccl on 2 GPUs where present): gradients and a few
+SGD steps equal single-process training on the combined batch; with SparseSyncBatchNorm the statistics (and
+running statistics) span both processes, also when one rank has no active sites."""
 import datetime
 import os
 import sys
@@ -26,9 +26,9 @@ def _model(sync_bn: bool):
     return spconv.SparseSequential(*layers)
 
 
-def _batch(samples):
-    """Samples (fixed by seed) stacked into one SparseConvTensor, batch index = position in ``samples``;
-    no samples gives a tensor with no active sites."""
+def _batch(samples, device="cpu"):
+    """Samples (fixed by seed) stacked into one SparseConvTensor on ``device``, batch index = position in
+    ``samples``; no samples gives a tensor with no active sites."""
     feats, idx = [torch.zeros(0, 3)], [torch.zeros(0, 4, dtype=torch.long)]
     for b, s in enumerate(samples):
         g = torch.Generator().manual_seed(100 + s)
@@ -36,7 +36,8 @@ def _batch(samples):
         coords = torch.stack([flat // 64, flat // 8 % 8, flat % 8], 1)
         idx.append(torch.cat([torch.full((coords.shape[0], 1), b), coords], 1))
         feats.append(torch.randn(coords.shape[0], 3, generator=g))
-    return spconv.SparseConvTensor(torch.cat(feats), torch.cat(idx).int(), SHAPE, max(1, len(samples)))
+    return spconv.SparseConvTensor(torch.cat(feats).to(device), torch.cat(idx).int().to(device), SHAPE,
+                                   max(1, len(samples)))
 
 
 def _loss(y, scale):
@@ -45,17 +46,18 @@ def _loss(y, scale):
     return y.features.square().sum() * scale
 
 
-def _train(model, samples, wrap=None, scale=None):
+def _train(model, samples, wrap=None, scale=None, device="cpu"):
+    model = model.to(device)
     net = model if wrap is None else wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scale = 1.0 / len(samples) if scale is None else scale
     grads = []
     for _ in range(STEPS):
         opt.zero_grad()
-        _loss(net(_batch(samples)), scale).backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
+        _loss(net(_batch(samples, device)), scale).backward()
+        grads.append([p.grad.cpu() for p in model.parameters()])
         opt.step()
-    return grads, [p.detach().clone() for p in model.parameters()], [b.clone() for b in model.buffers()]
+    return grads, [p.detach().cpu() for p in model.parameters()], [b.cpu() for b in model.buffers()]
 
 
 # name -> (SparseSyncBatchNorm in the net, samples of rank 0, samples of rank 1)
@@ -63,39 +65,48 @@ SCENARIOS = {"plain": (False, [0, 1], [2, 3]), "sync_bn": (True, [0, 1], [2, 3])
              "sync_bn_empty_rank": (True, [0, 1, 2, 3], [])}
 
 
-def _worker(rank, init_file, out_dir):
+def _worker(rank, backend, init_file, out_dir):
     torch.set_num_threads(1)
+    device = f"cuda:{rank}" if backend == "nccl" else "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     # A collective that one rank skips fails after the timeout instead of hanging the test.
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     try:
         for name, (sync_bn, *per_rank) in SCENARIOS.items():
             total = sum(len(s) for s in per_rank)
             result = _train(_model(sync_bn), per_rank[rank], lambda m: torch.nn.parallel.DistributedDataParallel(m),
-                            scale=2.0 / total)
+                            scale=2.0 / total, device=device)
             torch.save(result, os.path.join(out_dir, f"{name}_rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def ddp_results(tmp_path_factory):
-    """One 2-process gloo run (process start-up dominates the time) trains every scenario."""
-    out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(str(out / "init"), str(out)), nprocs=2, join=True)
-    return out
+_NCCL = pytest.mark.skipif(not (dist.is_available() and dist.is_nccl_available() and torch.cuda.device_count() >= 2),
+                           reason="nccl/rccl DDP needs 2 GPUs")
+
+
+@pytest.fixture(scope="module", params=["gloo", pytest.param("nccl", marks=_NCCL)])
+def ddp_results(request, tmp_path_factory):
+    """One 2-process run per backend (process start-up dominates the time) trains every scenario."""
+    out = tmp_path_factory.mktemp(f"ddp_{request.param}")
+    mp.spawn(_worker, args=(request.param, str(out / "init"), str(out)), nprocs=2, join=True)
+    return request.param, out
 
 
 @pytest.mark.skipif(not dist.is_available() or sys.platform == "win32", reason="needs torch.distributed (gloo)")
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_ddp_matches_single_process(ddp_results, name):
+    backend, ddp_dir = ddp_results
     sync_bn, *per_rank = SCENARIOS[name]
-    grads_ref, params_ref, buffers_ref = _train(_model(sync_bn), sorted(sum(per_rank, [])))
+    device = "cuda:0" if backend == "nccl" else "cpu"
+    grads_ref, params_ref, buffers_ref = _train(_model(sync_bn), sorted(sum(per_rank, [])), device=device)
     if sync_bn:
         assert len(buffers_ref) == 3  # running_mean, running_var, num_batches_tracked
         assert buffers_ref[2].item() == STEPS
     for rank in (0, 1):
-        grads, params, buffers = torch.load(ddp_results / f"{name}_rank{rank}.pt")
+        grads, params, buffers = torch.load(ddp_dir / f"{name}_rank{rank}.pt")
         for step, (g, g_ref) in enumerate(zip(grads, grads_ref)):
             for a, b in zip(g, g_ref):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m: f"step {step}: {m}")
