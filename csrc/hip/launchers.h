@@ -106,5 +106,28 @@ int hash_kv_insert_exist(int key_bytes, int value_bytes, const void* table_keys,
                          const void* keys, const void* values, int64_t n, int32_t* first, uint8_t* is_empty,
                          void* stream);
 
+// ---- pooling (csrc/hip/pool.cu) ----
+// Pairs grouped by kernel offset (schema.cpp); `offsets` [kvol + 1] is a HOST copy of pair_offsets (one launch
+// per non-empty offset, in order, so no atomics on features and results match the CPU route's update order).
+// Features of dtype t, c channels, row-major contiguous; "acc" buffers are F32 (F64 when t is F64).
+// out [num_out, c] of dtype t, zero on entry: out = max(0, window max); a NaN input propagates and sticks.
+int maxpool_forward(DType t, const void* x, int64_t c, const int32_t* pair_in, const int32_t* pair_out,
+                    const int64_t* offsets, int64_t kvol, void* out, void* stream);
+// x [num_in, c], y and dy [num_out, c] of dtype t; claimed [num_out * c] and dx [num_in, c] (acc) zero on entry.
+// Each (output, channel) gradient goes to the input of the first offset whose value equals y (for a NaN y, the
+// first NaN input).
+int maxpool_backward(DType t, const void* x, const void* y, const void* dy, int64_t c, const int32_t* pair_in,
+                     const int32_t* pair_out, const int64_t* offsets, int64_t kvol, uint8_t* claimed, void* dx,
+                     void* stream);
+// acc [num_out, c] and count [num_out] (int32) zero on entry: count = active inputs per output (also for c == 0),
+// acc = their mean (sum in offset order, then times 1 / count).
+int avgpool_forward(DType t, const void* x, int64_t c, int64_t num_out, const int32_t* pair_in,
+                    const int32_t* pair_out, const int64_t* offsets, int64_t kvol, void* acc, int32_t* count,
+                    void* stream);
+// dy [num_out, c] of dtype t; dx [num_in, c] (acc) zero on entry: dx[in] += dy[out] * (1 / count[out]).
+// count must be >= 1 for every output a pair reaches.
+int avgpool_backward(DType t, const void* dy, const int32_t* count, int64_t c, const int32_t* pair_in,
+                     const int32_t* pair_out, const int64_t* offsets, int64_t kvol, void* dx, void* stream);
+
 }  // namespace gpu
 }  // namespace spconv

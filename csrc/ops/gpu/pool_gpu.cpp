@@ -1,0 +1,166 @@
+// GPU glue of sparse max/avg pooling (kernels in csrc/hip/pool.cu): same checks, dtypes and results as the
+// CPU glue (csrc/ops/cpu/pool_kernel.cpp). FP16/BF16 features are read as they are and computed in FP32;
+// results come back in the input's dtype.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../checks.h"
+#include "gpu_common.h"
+
+namespace spconv {
+namespace ops {
+namespace {
+
+at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// The CPU glue's pair checks (same messages), with one device->host copy: pair_offsets, the pair rows'
+// extremes and, for the avg backward, the smallest count a pair reaches, fetched together. Returns the host
+// copy of pair_offsets that the launchers walk.
+at::Tensor checked_host_offsets(const at::Tensor& pin, const at::Tensor& pout, const at::Tensor& pair_offsets,
+                                int64_t num_in, int64_t num_out, const at::Tensor* count = nullptr) {
+  const int64_t kvol = pair_offsets.size(0) - 1, npairs = pin.size(0);
+  std::vector<at::Tensor> parts{pair_offsets.contiguous()};
+  const bool with_count = count != nullptr && npairs > 0 && count->size(0) > 0;
+  if (npairs > 0) {
+    auto in_mm = at::aminmax(pin), out_mm = at::aminmax(pout);
+    parts.push_back(at::stack({std::get<0>(in_mm), std::get<1>(in_mm), std::get<0>(out_mm), std::get<1>(out_mm)})
+                        .to(at::kLong));
+    if (with_count) {
+      // Clamped so that an out-of-range pair_out cannot trip a device-side assert before the range check
+      // below rejects it; once that check passes the clamp changes nothing.
+      at::Tensor rows = pout.to(at::kLong).clamp(0, count->size(0) - 1);
+      parts.push_back(count->index_select(0, rows).min().to(at::kLong).reshape({1}));
+    }
+  }
+  at::Tensor host = at::cat(parts).cpu();
+  const int64_t* h = host.const_data_ptr<int64_t>();
+  at::Tensor po = host.narrow(0, 0, kvol + 1);
+  TORCH_CHECK_VALUE(h[0] == 0 && h[kvol] == npairs, "pair_offsets must start at 0 and end at the ",
+                    "number of pairs ", npairs, ", got ", h[0], " and ", h[kvol]);
+  for (int64_t k = 0; k < kvol; ++k)
+    TORCH_CHECK_VALUE(h[k] <= h[k + 1], "pair_offsets must be non-decreasing, got ", po);
+  if (npairs == 0) return po;
+  const int64_t* s = h + kvol + 1;
+  TORCH_CHECK_VALUE(s[0] >= 0 && s[1] < num_in, "pair_in holds rows outside [0, ", num_in, ")");
+  TORCH_CHECK_VALUE(s[2] >= 0 && s[3] < num_out, "pair_out holds rows outside [0, num_out=", num_out, ")");
+  if (count != nullptr)  // every output a pair reaches needs count >= 1, else the backward divides by zero
+    TORCH_CHECK_VALUE(with_count && s[4] >= 1, "count must be >= 1 for every output reached by a pair");
+  return po;
+}
+
+void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
+  TORCH_CHECK_VALUE(t.device() == ref.device(), name, " is on ", t.device(), " but ", ref_name, " on ",
+                    ref.device());
+}
+
+at::Tensor indice_maxpool_gpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
+                              const at::Tensor& pair_offsets, int64_t num_out) {
+  check_features(features, "features");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+  c10::DeviceGuard guard(features.device());
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
+  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out);
+  at::Tensor x = features.contiguous();
+  // Max only selects, so the output can stay in the storage dtype: equal to computing in FP32 and rounding.
+  at::Tensor out = at::zeros({num_out, x.size(1)}, x.options());
+  check_launch(gpu::maxpool_forward(gpu_dtype(x.scalar_type()), x.const_data_ptr(), x.size(1),
+                                    pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                    po.const_data_ptr<int64_t>(), po.size(0) - 1, out.mutable_data_ptr(),
+                                    current_stream(features.device())),
+               "maxpool_forward");
+  return out;
+}
+
+at::Tensor indice_maxpool_backward_gpu(const at::Tensor& features, const at::Tensor& out_features,
+                                       const at::Tensor& out_grad, const at::Tensor& pair_in,
+                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+  check_features(features, "features");
+  check_features(out_features, "out_features");
+  check_features(out_grad, "out_grad");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  TORCH_CHECK_VALUE(out_features.sizes() == out_grad.sizes(), "out_grad must have the shape of out_features ",
+                    out_features.sizes(), ", got ", out_grad.sizes());
+  TORCH_CHECK_VALUE(out_features.size(1) == features.size(1), "out_features have ", out_features.size(1),
+                    " channels but features have ", features.size(1));
+  check_same_device(out_features, features, "out_features", "features");
+  check_same_device(out_grad, features, "out_grad", "features");
+  c10::DeviceGuard guard(features.device());
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
+  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), out_features.size(0));
+  // The kernel reads one dtype. Mixed dtypes (not what autograd passes) go through the compute type, exactly
+  // as the CPU glue converts each of them.
+  const auto t = features.scalar_type();
+  const bool same = out_features.scalar_type() == t && out_grad.scalar_type() == t;
+  const auto kt = same ? t : acc_type(t);
+  at::Tensor x = features.to(kt).contiguous(), y = out_features.to(kt).contiguous();
+  at::Tensor dy = out_grad.to(kt).contiguous();
+  const int64_t c = x.size(1);
+  at::Tensor claimed = at::zeros({y.size(0) * c}, x.options().dtype(at::kByte));
+  at::Tensor dx = at::zeros({x.size(0), c}, x.options().dtype(acc_type(kt)));
+  check_launch(gpu::maxpool_backward(gpu_dtype(kt), x.const_data_ptr(), y.const_data_ptr(), dy.const_data_ptr(), c,
+                                     pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                     po.const_data_ptr<int64_t>(), po.size(0) - 1,
+                                     claimed.mutable_data_ptr<uint8_t>(), dx.mutable_data_ptr(),
+                                     current_stream(features.device())),
+               "maxpool_backward");
+  return dx.to(t);
+}
+
+std::tuple<at::Tensor, at::Tensor> indice_avgpool_gpu(const at::Tensor& features, const at::Tensor& pair_in,
+                                                      const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                                                      int64_t num_out) {
+  check_features(features, "features");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+  c10::DeviceGuard guard(features.device());
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
+  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out);
+  at::Tensor x = features.contiguous();
+  at::Tensor acc = at::zeros({num_out, x.size(1)}, x.options().dtype(acc_type(x.scalar_type())));
+  at::Tensor count = at::zeros({num_out}, pin.options());
+  check_launch(gpu::avgpool_forward(gpu_dtype(x.scalar_type()), x.const_data_ptr(), x.size(1), num_out,
+                                    pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                    po.const_data_ptr<int64_t>(), po.size(0) - 1, acc.mutable_data_ptr(),
+                                    count.mutable_data_ptr<int32_t>(), current_stream(features.device())),
+               "avgpool_forward");
+  return {acc.to(features.scalar_type()), count};
+}
+
+at::Tensor indice_avgpool_backward_gpu(const at::Tensor& out_grad, const at::Tensor& count,
+                                       const at::Tensor& pair_in, const at::Tensor& pair_out,
+                                       const at::Tensor& pair_offsets, int64_t num_in) {
+  check_features(out_grad, "out_grad");
+  check_pairs(pair_in, pair_out, pair_offsets, out_grad);
+  TORCH_CHECK_TYPE(count.scalar_type() == at::kInt, "count must be int32, got ", count.scalar_type());
+  TORCH_CHECK_VALUE(count.dim() == 1 && count.size(0) == out_grad.size(0), "count must be [num_out=",
+                    out_grad.size(0), "], got ", count.sizes());
+  TORCH_CHECK_VALUE(num_in >= 0, "num_in must be >= 0, got ", num_in);
+  check_same_device(count, out_grad, "count", "out_grad");
+  c10::DeviceGuard guard(out_grad.device());
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), cnt = count.contiguous();
+  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, num_in, out_grad.size(0), &cnt);
+  at::Tensor dy = out_grad.contiguous();
+  at::Tensor dx = at::zeros({num_in, dy.size(1)}, dy.options().dtype(acc_type(dy.scalar_type())));
+  check_launch(gpu::avgpool_backward(gpu_dtype(dy.scalar_type()), dy.const_data_ptr(), cnt.const_data_ptr<int32_t>(),
+                                     dy.size(1), pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                     po.const_data_ptr<int64_t>(), po.size(0) - 1, dx.mutable_data_ptr(),
+                                     current_stream(out_grad.device())),
+               "avgpool_backward");
+  return dx.to(out_grad.scalar_type());
+}
+
+}  // namespace
+
+// ROCm builds of torch register HIP devices under the CUDA dispatch key too.
+TORCH_LIBRARY_IMPL(spconv, CUDA, m) {
+  m.impl("indice_maxpool", &indice_maxpool_gpu);
+  m.impl("indice_maxpool_backward", &indice_maxpool_backward_gpu);
+  m.impl("indice_avgpool", &indice_avgpool_gpu);
+  m.impl("indice_avgpool_backward", &indice_avgpool_backward_gpu);
+}
+
+}  // namespace ops
+}  // namespace spconv
