@@ -254,3 +254,56 @@ def test_nan_inf_propagate_like_dense(value):
         assert torch.equal(torch.isnan(y.features), torch.isnan(ref))
         fin = ~bad_ref
         torch.testing.assert_close(y.features[fin], ref[fin], atol=1e-4, rtol=1e-4)
+
+
+def _good_map():
+    x = random_sparse(3, [6, 6, 6], 1, 4, density=0.3, seed=3)
+    _, pin, pout, poff = torch.ops.spconv.get_indice_pairs(x.indices, 1, [6, 6, 6], [6, 6, 6], [3, 3, 3],
+                                                           [1, 1, 1], [1, 1, 1], [1, 1, 1], True, False)
+    return x.features, pin, pout, poff
+
+
+def _corrupt(what):
+    feats, pin, pout, poff = _good_map()
+    n = feats.shape[0]
+    pin, pout, poff = pin.clone(), pout.clone(), poff.clone()
+    if what == "pair_in high":
+        pin[5] = n
+    elif what == "pair_in negative":
+        pin[0] = -1
+    elif what == "pair_out high":
+        pout[-1] = n + 7
+    elif what == "offsets end":
+        poff[-1] -= 1
+    elif what == "offsets decrease":
+        a, b = int(poff[3]), int(poff[4])
+        poff[3], poff[4] = b + 1, a
+    return feats, pin, pout, poff
+
+
+_CORRUPTIONS = {"pair_in high": "pair_in holds rows outside", "pair_in negative": "pair_in holds rows outside",
+                "pair_out high": "pair_out holds rows outside", "offsets end": "pair_offsets must start at 0",
+                "offsets decrease": "pair_offsets must"}
+
+
+@pytest.mark.parametrize("what", list(_CORRUPTIONS))
+@pytest.mark.parametrize("op", ["conv", "conv_backward", "maxpool", "maxpool_backward", "avgpool", "avgpool_backward",
+                                "fused_dfilter"])
+def test_corrupt_kernel_maps_rejected_by_ops(op, what):
+    # Kernel maps handed straight to the ops (spconv 2.x code calls ops directly): rows or offsets that would
+    # read or write outside the tensors raise instead.
+    feats, pin, pout, poff = _corrupt(what)
+    n, ops = feats.shape[0], torch.ops.spconv
+    w = torch.randn(27, 4, 5)
+    calls = {
+        "conv": lambda: ops.indice_conv(feats, w, pin, pout, poff, n),
+        "conv_backward": lambda: ops.indice_conv_backward(feats, w, torch.randn(n, 5), pin, pout, poff),
+        "maxpool": lambda: ops.indice_maxpool(feats, pin, pout, poff, n),
+        "maxpool_backward": lambda: ops.indice_maxpool_backward(feats, feats, feats, pin, pout, poff),
+        "avgpool": lambda: ops.indice_avgpool(feats, pin, pout, poff, n),
+        "avgpool_backward": lambda: ops.indice_avgpool_backward(feats, torch.ones(n, dtype=torch.int32), pin, pout,
+                                                                 poff, n),
+        "fused_dfilter": lambda: ops.fused_conv_dfilter(feats, torch.randn(n, 5), pin, pout, poff),
+    }
+    with pytest.raises(ValueError, match=_CORRUPTIONS[what]):
+        calls[op]()

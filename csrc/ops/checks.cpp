@@ -94,6 +94,37 @@ void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at
                     "kernel map tensors must be on the features' device ", features.device());
 }
 
+void check_pair_layout_host(const int64_t* offsets, int64_t kvol, int64_t npairs, const int64_t* extremes,
+                            int64_t num_in, int64_t num_out) {
+  TORCH_CHECK_VALUE(offsets[0] == 0 && offsets[kvol] == npairs, "pair_offsets must start at 0 and end at the ",
+                    "number of pairs ", npairs, ", got ", offsets[0], " and ", offsets[kvol]);
+  for (int64_t k = 0; k < kvol; ++k)
+    TORCH_CHECK_VALUE(offsets[k] <= offsets[k + 1], "pair_offsets must be non-decreasing, but entry ", k + 1, " (",
+                      offsets[k + 1], ") is below entry ", k, " (", offsets[k], ")");
+  if (extremes == nullptr || npairs == 0) return;
+  TORCH_CHECK_VALUE(extremes[0] >= 0 && extremes[1] < num_in, "pair_in holds rows outside [0, ", num_in,
+                    "): min ", extremes[0], ", max ", extremes[1]);
+  TORCH_CHECK_VALUE(extremes[2] >= 0 && extremes[3] < num_out, "pair_out holds rows outside [0, num_out=", num_out,
+                    "): min ", extremes[2], ", max ", extremes[3]);
+}
+
+HostPairOffsets check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                                int64_t num_in, int64_t num_out, const at::Tensor& extra) {
+  const int64_t kvol = pair_offsets.size(0) - 1, npairs = pair_in.size(0);
+  std::vector<at::Tensor> parts{pair_offsets.contiguous()};
+  if (extra.defined()) parts.push_back(extra.to(at::kLong).reshape({-1}));
+  if (npairs > 0) {
+    auto in_mm = at::aminmax(pair_in), out_mm = at::aminmax(pair_out);
+    parts.push_back(at::stack({std::get<0>(in_mm), std::get<1>(in_mm), std::get<0>(out_mm), std::get<1>(out_mm)})
+                        .to(at::kLong));
+  }
+  const at::Tensor host = parts.size() == 1 ? parts[0].cpu() : at::cat(parts).cpu();
+  const int64_t n_extra = extra.defined() ? extra.numel() : 0;
+  const int64_t* h = host.const_data_ptr<int64_t>();
+  check_pair_layout_host(h, kvol, npairs, npairs > 0 ? h + kvol + 1 + n_extra : nullptr, num_in, num_out);
+  return {host.narrow(0, 0, kvol + 1), extra.defined() ? host.narrow(0, kvol + 1, n_extra) : at::Tensor()};
+}
+
 void check_features(const at::Tensor& features, const char* name) {
   TORCH_CHECK_VALUE(features.dim() == 2, name, " must be 2-D [N, C], got ", features.sizes());
   auto t = features.scalar_type();

@@ -24,6 +24,22 @@ void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const 
 void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
                  const at::Tensor& features);
 
+// pair_offsets (read on the host) start at 0, never decrease and end at npairs; with `extremes`
+// ({min, max} of pair_in, then of pair_out) every pair row lies in [0, num_in) / [0, num_out).
+void check_pair_layout_host(const int64_t* offsets, int64_t kvol, int64_t npairs, const int64_t* extremes,
+                            int64_t num_in, int64_t num_out);
+
+struct HostPairOffsets {
+  at::Tensor offsets;  // int64 [kvol + 1] on the CPU
+  at::Tensor extra;    // the host copy of `extra` (empty when none was given)
+};
+
+// check_pair_layout_host on tensors, so a bad kernel map fails with a message instead of reading or writing
+// out of bounds. Pairs on a GPU cost one device->host copy, which also carries `extra` (1-D int64, on the
+// pairs' device) for the caller's own checks.
+HostPairOffsets check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                                int64_t num_in, int64_t num_out, const at::Tensor& extra = at::Tensor());
+
 void check_features(const at::Tensor& features, const char* name);
 
 void check_filters(const at::Tensor& filters, const at::Tensor& features, int64_t kvol);

@@ -29,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_cpu(const at::Ten
   const int32_t* pin = pair_in.const_data_ptr<int32_t>();
   const int32_t* pout = pair_out.const_data_ptr<int32_t>();
   const int64_t* po = po_t.const_data_ptr<int64_t>();
-  check_pair_offsets_host(po, kvol, pair_in.size(0));
+  check_pair_layout_host(po, kvol, pair_in.size(0), nullptr, 0, 0);
   auto opts = pair_in.options();
   at::Tensor nbr = at::full({num_rows, kvol}, -1, opts);
   int32_t* nb = nbr.mutable_data_ptr<int32_t>();
@@ -126,7 +126,7 @@ at::Tensor fused_conv_dfilter_cpu(const at::Tensor& features, const at::Tensor& 
   at::Tensor x = features.to(ct), dy = out_grad.to(ct);
   at::Tensor po_t = pair_offsets.contiguous();
   const int64_t* po = po_t.const_data_ptr<int64_t>();
-  check_pair_offsets_host(po, kvol, pair_in.size(0));
+  check_pair_rows(pair_in, pair_out, po_t, x.size(0), dy.size(0));
   at::Tensor pin = pair_in.to(at::kLong), pout = pair_out.to(at::kLong);
   at::Tensor dw = at::zeros({kvol, cin, cout}, x.options());
   for (int64_t k = 0; k < kvol; ++k) {

@@ -14,22 +14,6 @@ at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kD
 
 // Pairs come from Python callers too (spconv.pytorch.ops), so their rows are range-checked before
 // any kernel indexes with them.
-void check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
-                     int64_t num_in, int64_t num_out) {
-  const int64_t kvol = pair_offsets.size(0) - 1;
-  const int64_t* po = pair_offsets.const_data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(po[0] == 0 && po[kvol] == pair_in.size(0), "pair_offsets must start at 0 and end at the ",
-                    "number of pairs ", pair_in.size(0), ", got ", po[0], " and ", po[kvol]);
-  for (int64_t k = 0; k < kvol; ++k)
-    TORCH_CHECK_VALUE(po[k] <= po[k + 1], "pair_offsets must be non-decreasing, got ", pair_offsets);
-  if (pair_in.numel() == 0) return;
-  auto in_mm = at::aminmax(pair_in), out_mm = at::aminmax(pair_out);
-  TORCH_CHECK_VALUE(std::get<0>(in_mm).item<int32_t>() >= 0 && std::get<1>(in_mm).item<int32_t>() < num_in,
-                    "pair_in holds rows outside [0, ", num_in, ")");
-  TORCH_CHECK_VALUE(std::get<0>(out_mm).item<int32_t>() >= 0 && std::get<1>(out_mm).item<int32_t>() < num_out,
-                    "pair_out holds rows outside [0, num_out=", num_out, ")");
-}
-
 // The pooling forwards' shared argument checks and operands: contiguous pairs, features in the compute
 // type, and a zeroed output.
 struct PoolOperands {

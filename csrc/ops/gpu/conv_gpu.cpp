@@ -51,7 +51,7 @@ at::Tensor indice_conv_gpu(const at::Tensor& features, const at::Tensor& filters
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = pair_offsets.cpu().contiguous();
+  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), num_out).offsets;
   at::Tensor acc = at::zeros({num_out, filters.size(2)}, x.options().dtype(acc_type(x.scalar_type())));
   if (x.size(0) > 0) gather_mm_scatter(x, w, /*transpose_w=*/false, pin, pout, po, acc, stream);
   return acc.to(features.scalar_type());
@@ -66,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous(), dy = out_grad.contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = pair_offsets.cpu().contiguous();
+  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), dy.size(0)).offsets;
   const int64_t kvol = w.size(0), cin = w.size(1), cout = w.size(2);
   at::Tensor dx_acc = at::zeros({x.size(0), cin}, x.options().dtype(acc_type(x.scalar_type())));
   if (dy.size(0) > 0) gather_mm_scatter(dy, w, /*transpose_w=*/true, pout, pin, po, dx_acc, stream);

@@ -20,14 +20,6 @@ inline void check_fused_map_args(const at::Tensor& pair_in, const at::Tensor& pa
   TORCH_CHECK_VALUE(num_rows * kvol < (int64_t{1} << 40), "neighbour table too large: ", num_rows, " x ", kvol);
 }
 
-// pair_offsets read on the host: starts at 0, never decreases, ends at the pair count.
-inline void check_pair_offsets_host(const int64_t* po, int64_t kvol, int64_t npairs) {
-  TORCH_CHECK_VALUE(po[0] == 0 && po[kvol] == npairs, "pair_offsets must start at 0 and end at the number of pairs (",
-                    npairs, "), got ", po[0], " ... ", po[kvol]);
-  for (int64_t k = 0; k < kvol; ++k)
-    TORCH_CHECK_VALUE(po[k] <= po[k + 1], "pair_offsets must be non-decreasing (offset ", k, ")");
-}
-
 inline void check_fused_conv_args(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr,
                                   const at::Tensor& masks, const at::Tensor& order, bool allow_double) {
   check_features(features, "features");

@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "../checks.h"
@@ -26,12 +27,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_gpu(const at::Ten
   at::Tensor po = pair_offsets_arg.contiguous();
   auto opts = pair_in.options();
   at::Tensor nbr = at::full({num_rows, kvol}, -1, opts);
-  if (npairs > 0) {
-    TORCH_CHECK_VALUE(num_rows > 0, "pairs given but num_rows is 0");
-    // One reduction (and sync) to keep out-of-range rows from writing outside the table.
-    at::Tensor bad = at::logical_or(pair_out.lt(0).logical_or(pair_out.ge(num_rows)), pair_in.lt(0)).any();
-    TORCH_CHECK_VALUE(!bad.item<bool>(), "pair_out must be in [0, num_rows=", num_rows, ") and pair_in >= 0");
-  }
+  // One small host copy keeps out-of-range rows and offsets from writing outside the table (input rows are
+  // bounded by the features, which fused_conv gets later: here only >= 0).
+  check_pair_rows(pair_in, pair_out, po, std::numeric_limits<int32_t>::max(), num_rows);
   check_launch(gpu::fused_map_fill(pair_in.const_data_ptr<int32_t>(), pair_out.const_data_ptr<int32_t>(),
                                    po.const_data_ptr<int64_t>(), kvol, npairs, num_rows,
                                    nbr.mutable_data_ptr<int32_t>(), stream),
@@ -73,6 +71,7 @@ at::Tensor fused_conv_dfilter_gpu(const at::Tensor& features, const at::Tensor& 
   const int64_t npairs = pair_in.size(0);
   at::Tensor x = features.contiguous(), dy = out_grad.contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
+  check_pair_rows(pin, pout, po, x.size(0), dy.size(0));
   at::Tensor dw = at::empty({kvol, cin, cout}, x.options());
   if (dw.numel() == 0) return dw;
   if (npairs == 0) return dw.zero_();

@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <vector>
 
 #include "../checks.h"
 #include "gpu_common.h"
@@ -15,39 +14,23 @@ namespace {
 
 at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-// The CPU glue's pair checks (same messages), with one device->host copy: pair_offsets, the pair rows'
-// extremes and, for the avg backward, the smallest count a pair reaches, fetched together. Returns the host
-// copy of pair_offsets that the launchers walk.
+// The shared pair checks (one device->host copy), which for the avg backward also fetch the smallest count a
+// pair reaches. Returns the host copy of pair_offsets that the launchers walk.
 at::Tensor checked_host_offsets(const at::Tensor& pin, const at::Tensor& pout, const at::Tensor& pair_offsets,
                                 int64_t num_in, int64_t num_out, const at::Tensor* count = nullptr) {
-  const int64_t kvol = pair_offsets.size(0) - 1, npairs = pin.size(0);
-  std::vector<at::Tensor> parts{pair_offsets.contiguous()};
-  const bool with_count = count != nullptr && npairs > 0 && count->size(0) > 0;
-  if (npairs > 0) {
-    auto in_mm = at::aminmax(pin), out_mm = at::aminmax(pout);
-    parts.push_back(at::stack({std::get<0>(in_mm), std::get<1>(in_mm), std::get<0>(out_mm), std::get<1>(out_mm)})
-                        .to(at::kLong));
-    if (with_count) {
-      // Clamped so that an out-of-range pair_out cannot trip a device-side assert before the range check
-      // below rejects it; once that check passes the clamp changes nothing.
-      at::Tensor rows = pout.to(at::kLong).clamp(0, count->size(0) - 1);
-      parts.push_back(count->index_select(0, rows).min().to(at::kLong).reshape({1}));
-    }
+  const bool with_count = count != nullptr && pin.size(0) > 0 && count->size(0) > 0;
+  at::Tensor smallest;
+  if (with_count) {
+    // Clamped so that an out-of-range pair_out cannot trip a device-side assert before the range check
+    // rejects it; once that check passes the clamp changes nothing.
+    at::Tensor rows = pout.to(at::kLong).clamp(0, count->size(0) - 1);
+    smallest = count->index_select(0, rows).min().reshape({1});
   }
-  at::Tensor host = at::cat(parts).cpu();
-  const int64_t* h = host.const_data_ptr<int64_t>();
-  at::Tensor po = host.narrow(0, 0, kvol + 1);
-  TORCH_CHECK_VALUE(h[0] == 0 && h[kvol] == npairs, "pair_offsets must start at 0 and end at the ",
-                    "number of pairs ", npairs, ", got ", h[0], " and ", h[kvol]);
-  for (int64_t k = 0; k < kvol; ++k)
-    TORCH_CHECK_VALUE(h[k] <= h[k + 1], "pair_offsets must be non-decreasing, got ", po);
-  if (npairs == 0) return po;
-  const int64_t* s = h + kvol + 1;
-  TORCH_CHECK_VALUE(s[0] >= 0 && s[1] < num_in, "pair_in holds rows outside [0, ", num_in, ")");
-  TORCH_CHECK_VALUE(s[2] >= 0 && s[3] < num_out, "pair_out holds rows outside [0, num_out=", num_out, ")");
-  if (count != nullptr)  // every output a pair reaches needs count >= 1, else the backward divides by zero
-    TORCH_CHECK_VALUE(with_count && s[4] >= 1, "count must be >= 1 for every output reached by a pair");
-  return po;
+  HostPairOffsets host = check_pair_rows(pin, pout, pair_offsets, num_in, num_out, smallest);
+  if (count != nullptr && pin.size(0) > 0)  // every output a pair reaches needs count >= 1: the backward divides
+    TORCH_CHECK_VALUE(with_count && host.extra.const_data_ptr<int64_t>()[0] >= 1,
+                      "count must be >= 1 for every output reached by a pair");
+  return host.offsets;
 }
 
 void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
