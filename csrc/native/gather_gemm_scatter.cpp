@@ -1,5 +1,7 @@
 #include "gather_gemm_scatter.h"
 
+#include "direct_conv.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -74,6 +76,10 @@ bool is_identity(const int32_t* gather, const int32_t* scatter, int64_t count, i
 
 void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool transpose_w,
                          const int32_t* gather, const int32_t* scatter, const int64_t* offsets, at::Tensor& dst) {
+  if (!transpose_w && src.size(1) <= kDirectMaxInChannels) {
+    direct_conv_forward(src, weights, gather, scatter, offsets, dst);
+    return;
+  }
   const int64_t kvol = weights.size(0);
   const int64_t c_src = src.size(1), c_dst = dst.size(1);
   const int64_t rows = chunk_rows(std::max(c_src, c_dst));
@@ -119,6 +125,10 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
 void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
                                   const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
                                   at::Tensor& dx, at::Tensor& dw) {
+  if (x.size(1) <= kDirectMaxInChannels) {
+    direct_conv_backward(x, weights, dy, pair_in, pair_out, offsets, dx, dw);
+    return;
+  }
   const int64_t kvol = weights.size(0), c_in = x.size(1), c_out = dy.size(1);
   const int64_t rows = chunk_rows(std::max(c_in, c_out));
   // dW[k] is summed over a fixed number of lanes (each a fixed run of chunks), then the lanes in order:

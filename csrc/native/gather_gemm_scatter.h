@@ -1,4 +1,5 @@
-// Native convolution: per kernel offset, gather rows -> GEMM (ATen/BLAS) -> scatter-add rows.
+// Native convolution: per kernel offset, gather rows -> GEMM (ATen/BLAS) -> scatter-add rows
+// (inputs with few channels go the direct route instead, see direct_conv.h).
 // For a fixed offset every input row pairs with at most one output row and vice versa, so the
 // rows of one offset can be processed in parallel without races. Chunking is fixed (independent
 // of the thread count) and offsets are accumulated in order, so results are bitwise reproducible.
