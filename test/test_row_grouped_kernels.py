@@ -1,6 +1,6 @@
-"""The CPU kernels that walk each row's pairs at once: max pooling (bitwise against an offset-by-offset
-reference of its documented semantics) and the direct convolution for few input channels (against dense
-F.conv3d), both bitwise independent of the thread count."""
+"""The CPU kernels that walk the pairs row by row (or block of rows by block): max pooling (bitwise against an
+offset-by-offset reference of its documented semantics) and the convolution, direct for few input channels and
+gather-GEMM-scatter for more (against dense F.conv3d), all bitwise independent of the thread count."""
 import pytest
 import torch
 
@@ -101,9 +101,10 @@ def test_max_pool_low_precision_matches_fp32(dtype):
     assert dx.dtype == dtype and torch.equal(dx, dx32.to(dtype))
 
 
-# The direct route takes up to 8 input channels; 9 checks the GEMM route next to it. Output channel counts
-# cover a partial vector (5, 13) and more than one 64-column tile (70).
-CONVS = [(1, 5), (3, 16), (3, 70), (4, 13), (8, 32), (9, 13)]
+# The direct route takes up to 8 input channels; 9 and 24 check the GEMM route (blocks of output rows, dW
+# partials per block of input rows) next to it. Output channel counts cover a partial vector (5, 13) and more
+# than one 64-column tile (70).
+CONVS = [(1, 5), (3, 16), (3, 70), (4, 13), (8, 32), (9, 13), (24, 40)]
 
 
 def _layer(kind, cin, cout):
