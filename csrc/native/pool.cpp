@@ -17,7 +17,7 @@ namespace {
 // Pairs per task: enough work per task to amortise the scheduling, independent of the thread count.
 constexpr int64_t kPairGrain = 512;
 
-// Runs body(p) for every pair p of every offset, offsets strictly in order.
+// Runs body(p) for every pair p of every offset, offsets strictly in order (average pooling).
 template <typename F>
 void for_each_pair_by_offset(const int64_t* offsets, int64_t kvol, const F& body) {
   for (int64_t k = 0; k < kvol; ++k) {
@@ -26,9 +26,7 @@ void for_each_pair_by_offset(const int64_t* offsets, int64_t kvol, const F& body
     });
   }
 }
-}  // namespace
 
-namespace {
 // acc = src where src > acc or src is NaN: a NaN wins and sticks, as in dense max pooling. Written
 // branch-free so the compiler vectorises it.
 template <typename T>
