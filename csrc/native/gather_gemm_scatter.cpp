@@ -1,5 +1,7 @@
 #include "gather_gemm_scatter.h"
 
+#include "direct_conv.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -70,108 +72,172 @@ bool is_identity(const int32_t* gather, const int32_t* scatter, int64_t count, i
   return ok;
 }
 
+// Rows per block of destination rows: a block's rows (with the GEMM buffers) stay in L2 across the offsets,
+// and small inputs still split into a few blocks to run in parallel. Depends on the sizes only, never on the
+// thread count.
+int64_t cache_block_rows(int64_t n_rows, int64_t channels, int64_t elem_size) {
+  constexpr int64_t kBlockBytes = 512 * 1024, kMinBlocks = 8;
+  const int64_t fits = kBlockBytes / std::max<int64_t>(channels * elem_size, 1);
+  return std::max<int64_t>(64, std::min(fits, (n_rows + kMinBlocks - 1) / kMinBlocks));
+}
+
+// The pairs bucketed by (block of key rows, offset): bucket b * kvol + k holds, in their original order, the
+// pairs of offset k whose key row (the side written) lies in block b. Identity offsets are left out: they
+// apply to each block's own rows directly.
+struct RowBlocks {
+  int64_t rows = 0, n_blocks = 0;
+  std::vector<int64_t> start;  // [n_blocks * kvol + 1]
+  std::vector<int32_t> key, other;
+
+  int64_t begin(int64_t b, int64_t k, int64_t kvol) const { return start[b * kvol + k]; }
+  int64_t count(int64_t b, int64_t k, int64_t kvol) const { return start[b * kvol + k + 1] - start[b * kvol + k]; }
+};
+
+RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const int64_t* offsets, int64_t kvol,
+                              const std::vector<char>& identity, int64_t n_rows, int64_t block_rows) {
+  RowBlocks d;
+  d.rows = block_rows;
+  d.n_blocks = (n_rows + block_rows - 1) / block_rows;
+  d.start.assign(d.n_blocks * kvol + 1, 0);
+  for (int64_t k = 0; k < kvol; ++k) {
+    if (identity[k]) continue;
+    for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) ++d.start[key[p] / block_rows * kvol + k + 1];
+  }
+  for (size_t i = 1; i < d.start.size(); ++i) d.start[i] += d.start[i - 1];
+  std::vector<int64_t> cursor(d.start.begin(), d.start.end() - 1);
+  d.key.resize(d.start.back());
+  d.other.resize(d.start.back());
+  for (int64_t k = 0; k < kvol; ++k) {
+    if (identity[k]) continue;
+    for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) {
+      const int64_t slot = cursor[key[p] / block_rows * kvol + k]++;
+      d.key[slot] = key[p];
+      d.other[slot] = other[p];
+    }
+  }
+  return d;
+}
+
+// Input rows per backward block. Every block holds a dW partial ([kvol, c_in, c_out]), so blocks are at
+// least L2-sized and at most kMaxDwPartials (fewer when the partials would pass kPartialBytes).
+int64_t backward_block_rows(int64_t n_in, int64_t kvol, int64_t c_in, int64_t c_out, int64_t elem_size) {
+  constexpr int64_t kMaxDwPartials = 32, kPartialBytes = int64_t{32} << 20;
+  const int64_t partial = std::max<int64_t>(kvol * c_in * c_out * elem_size, 1);
+  const int64_t n_partials = std::clamp<int64_t>(kPartialBytes / partial, 1, kMaxDwPartials);
+  return std::max(cache_block_rows(n_in, std::max(c_in, c_out), elem_size), (n_in + n_partials - 1) / n_partials);
+}
+
+// Which offsets are identities (the centre of a submanifold kernel).
+std::vector<char> identity_offsets(const int32_t* gather, const int32_t* scatter, const int64_t* offsets,
+                                   int64_t kvol, int64_t n_src, int64_t n_dst) {
+  std::vector<char> identity(kvol);
+  for (int64_t k = 0; k < kvol; ++k) {
+    const int64_t count = offsets[k + 1] - offsets[k];
+    identity[k] = count > 0 && is_identity(gather + offsets[k], scatter + offsets[k], count, n_src, n_dst);
+  }
+  return identity;
+}
+
 }  // namespace
 
 void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool transpose_w,
                          const int32_t* gather, const int32_t* scatter, const int64_t* offsets, at::Tensor& dst) {
+  if (!transpose_w && src.size(1) <= kDirectMaxInChannels) {
+    direct_conv_forward(src, weights, gather, scatter, offsets, dst);
+    return;
+  }
   const int64_t kvol = weights.size(0);
   const int64_t c_src = src.size(1), c_dst = dst.size(1);
   const int64_t rows = chunk_rows(std::max(c_src, c_dst));
+  const int64_t n_src = src.size(0), n_dst = dst.size(0);
+  const std::vector<char> identity = identity_offsets(gather, scatter, offsets, kvol, n_src, n_dst);
+  std::vector<at::Tensor> w(kvol);
+  for (int64_t k = 0; k < kvol; ++k) w[k] = transpose_w ? weights[k].t() : weights[k];
+  const RowBlocks blocks = bucket_by_row_block(scatter, gather, offsets, kvol, identity, n_dst,
+                                               cache_block_rows(n_dst, c_dst, src.element_size()));
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "gather_gemm_scatter", [&] {
     const scalar_t* x = src.const_data_ptr<scalar_t>();
     scalar_t* y = dst.mutable_data_ptr<scalar_t>();
-    for (int64_t k = 0; k < kvol; ++k) {
-      const int64_t begin = offsets[k], count = offsets[k + 1] - begin;
-      if (count == 0) continue;
-      at::Tensor w = transpose_w ? weights[k].t() : weights[k];
-      const int32_t* g = gather + begin;
-      const int32_t* s = scatter + begin;
-      if (is_identity(g, s, count, src.size(0), dst.size(0))) {
-        // No gather or scatter: accumulate straight into the output, chunk by chunk.
-        const int64_t n_chunks = (count + rows - 1) / rows;
-        at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
-          ChunkGuard guard;
-          for (int64_t c = c0; c < c1; ++c) {
-            const int64_t r0 = c * rows, m = std::min(rows, count - r0);
-            at::Tensor out = dst.narrow(0, r0, m);
-            out.addmm_(src.narrow(0, r0, m), w);
+    // One parallel pass over the blocks: a block's rows stay in cache over all offsets, and no barrier
+    // separates the offsets.
+    at::parallel_for(0, blocks.n_blocks, 1, [&](int64_t b0, int64_t b1) {
+      ChunkGuard guard;
+      at::Tensor a = at::empty({rows, c_src}, src.options());
+      at::Tensor out = at::empty({rows, c_dst}, src.options());
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t r0 = b * blocks.rows, r1 = std::min(n_dst, r0 + blocks.rows);
+        for (int64_t k = 0; k < kvol; ++k) {
+          if (identity[k]) {  // rows map to themselves: accumulate straight into the block
+            dst.narrow(0, r0, r1 - r0).addmm_(src.narrow(0, r0, r1 - r0), w[k]);
+            continue;
           }
-        });
-        continue;
-      }
-      const int64_t n_chunks = (count + rows - 1) / rows;
-      at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
-        ChunkGuard guard;
-        at::Tensor a = at::empty({rows, c_src}, src.options());
-        at::Tensor out = at::empty({rows, c_dst}, src.options());
-        for (int64_t c = c0; c < c1; ++c) {
-          const int64_t r0 = c * rows, m = std::min(rows, count - r0);
-          gather_rows(x, c_src, g + r0, m, a.mutable_data_ptr<scalar_t>());
-          at::Tensor o = out.narrow(0, 0, m);
-          at::mm_out(o, a.narrow(0, 0, m), w);
-          scatter_add_rows(o.const_data_ptr<scalar_t>(), c_dst, s + r0, m, y);
+          const int64_t begin = blocks.begin(b, k, kvol), count = blocks.count(b, k, kvol);
+          for (int64_t c0 = 0; c0 < count; c0 += rows) {
+            const int64_t m = std::min(rows, count - c0);
+            gather_rows(x, c_src, blocks.other.data() + begin + c0, m, a.mutable_data_ptr<scalar_t>());
+            at::Tensor o = out.narrow(0, 0, m);
+            at::mm_out(o, a.narrow(0, 0, m), w[k]);
+            scatter_add_rows(o.const_data_ptr<scalar_t>(), c_dst, blocks.key.data() + begin + c0, m, y);
+          }
         }
-      });
-    }
+      }
+    });
   });
 }
 
 void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
                                   const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
                                   at::Tensor& dx, at::Tensor& dw) {
-  const int64_t kvol = weights.size(0), c_in = x.size(1), c_out = dy.size(1);
+  if (x.size(1) <= kDirectMaxInChannels) {
+    direct_conv_backward(x, weights, dy, pair_in, pair_out, offsets, dx, dw);
+    return;
+  }
+  const int64_t kvol = weights.size(0), c_in = x.size(1), c_out = dy.size(1), n_in = x.size(0);
   const int64_t rows = chunk_rows(std::max(c_in, c_out));
-  // dW[k] is summed over a fixed number of lanes (each a fixed run of chunks), then the lanes in order:
-  // reproducible bits for any thread count, with parallelism up to kLanes threads per offset.
-  constexpr int64_t kLanes = 16;
-  at::Tensor lane_acc = at::empty({kLanes, c_in, c_out}, x.options());
+  const std::vector<char> identity = identity_offsets(pair_in, pair_out, offsets, kvol, n_in, dy.size(0));
+  std::vector<at::Tensor> wt(kvol);
+  for (int64_t k = 0; k < kvol; ++k) wt[k] = weights[k].t();
+  const RowBlocks blocks = bucket_by_row_block(pair_in, pair_out, offsets, kvol, identity, n_in,
+                                               backward_block_rows(n_in, kvol, c_in, c_out, x.element_size()));
+  // dW partial sums per block of input rows, added in block order below: reproducible bits for any thread count.
+  at::Tensor part = at::zeros({std::max<int64_t>(blocks.n_blocks, 1), kvol, c_in, c_out}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gather_gemm_scatter_backward", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
-    for (int64_t k = 0; k < kvol; ++k) {
-      const int64_t begin = offsets[k], count = offsets[k + 1] - begin;
-      at::Tensor dwk = dw[k];
-      if (count == 0) {
-        dwk.zero_();
-        continue;
-      }
-      const at::Tensor wt = weights[k].t();
-      const int32_t* pin = pair_in + begin;
-      const int32_t* pout = pair_out + begin;
-      const bool identity = is_identity(pin, pout, count, x.size(0), dy.size(0));
-      const int64_t n_chunks = (count + rows - 1) / rows;
-      const int64_t lanes = std::min(kLanes, n_chunks);
-      lane_acc.narrow(0, 0, lanes).zero_();
-      at::parallel_for(0, lanes, 1, [&](int64_t l0, int64_t l1) {
-        ChunkGuard guard;
-        at::Tensor a = at::empty({rows, c_in}, x.options());
-        at::Tensor b = at::empty({rows, c_out}, x.options());
-        at::Tensor o = at::empty({rows, c_in}, x.options());
-        for (int64_t lane = l0; lane < l1; ++lane) {
-          at::Tensor acc = lane_acc[lane];
-          for (int64_t c = lane * n_chunks / lanes; c < (lane + 1) * n_chunks / lanes; ++c) {
-            const int64_t r0 = c * rows, m = std::min(rows, count - r0);
-            if (identity) {  // rows map to themselves: no gather or scatter
-              at::Tensor xs = x.narrow(0, r0, m), gs = dy.narrow(0, r0, m);
-              dx.narrow(0, r0, m).addmm_(gs, wt);
-              acc.addmm_(xs.t(), gs);
-              continue;
-            }
+    at::parallel_for(0, blocks.n_blocks, 1, [&](int64_t b0, int64_t b1) {
+      ChunkGuard guard;
+      at::Tensor a = at::empty({rows, c_in}, x.options());
+      at::Tensor b = at::empty({rows, c_out}, x.options());
+      at::Tensor o = at::empty({rows, c_in}, x.options());
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int64_t r0 = blk * blocks.rows, r1 = std::min(n_in, r0 + blocks.rows);
+        for (int64_t k = 0; k < kvol; ++k) {
+          at::Tensor acc = part[blk][k];
+          if (identity[k]) {  // rows map to themselves: no gather or scatter
+            at::Tensor xs = x.narrow(0, r0, r1 - r0), gs = dy.narrow(0, r0, r1 - r0);
+            dx.narrow(0, r0, r1 - r0).addmm_(gs, wt[k]);
+            acc.addmm_(xs.t(), gs);
+            continue;
+          }
+          const int64_t begin = blocks.begin(blk, k, kvol), count = blocks.count(blk, k, kvol);
+          for (int64_t c0 = 0; c0 < count; c0 += rows) {
+            const int64_t m = std::min(rows, count - c0);
+            const int32_t* pin = blocks.key.data() + begin + c0;
             // One gather of dY serves both dX (dY W^T, scattered to the inputs) and dW (X^T dY).
-            gather_rows(gp, c_out, pout + r0, m, b.mutable_data_ptr<scalar_t>());
-            gather_rows(xp, c_in, pin + r0, m, a.mutable_data_ptr<scalar_t>());
+            gather_rows(gp, c_out, blocks.other.data() + begin + c0, m, b.mutable_data_ptr<scalar_t>());
+            gather_rows(xp, c_in, pin, m, a.mutable_data_ptr<scalar_t>());
             at::Tensor bm = b.narrow(0, 0, m), om = o.narrow(0, 0, m);
-            at::mm_out(om, bm, wt);
-            scatter_add_rows(om.const_data_ptr<scalar_t>(), c_in, pin + r0, m, dxp);
+            at::mm_out(om, bm, wt[k]);
+            scatter_add_rows(om.const_data_ptr<scalar_t>(), c_in, pin, m, dxp);
             acc.addmm_(a.narrow(0, 0, m).t(), bm);
           }
         }
-      });
-      dwk.copy_(lane_acc[0]);
-      for (int64_t lane = 1; lane < lanes; ++lane) dwk.add_(lane_acc[lane]);
-    }
+      }
+    });
   });
+  dw.copy_(part[0]);
+  for (int64_t blk = 1; blk < blocks.n_blocks; ++blk) dw.add_(part[blk]);
 }
 
 }  // namespace native

@@ -1,7 +1,9 @@
-// Native convolution: per kernel offset, gather rows -> GEMM (ATen/BLAS) -> scatter-add rows.
-// For a fixed offset every input row pairs with at most one output row and vice versa, so the
-// rows of one offset can be processed in parallel without races. Chunking is fixed (independent
-// of the thread count) and offsets are accumulated in order, so results are bitwise reproducible.
+// Native convolution: per kernel offset, gather rows -> GEMM (ATen/BLAS) -> scatter-add rows
+// (inputs with few channels go the direct route instead, see direct_conv.h).
+// The pairs are bucketed by blocks of destination rows (output rows forward, input rows for dX), and one
+// parallel pass runs over the blocks, each through all offsets in order: a block's rows stay in cache, no
+// barrier separates the offsets, and every row sums its offsets' products in offset order. Chunks and blocks
+// depend on the sizes only, never on the thread count, so results are bitwise reproducible.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -13,7 +15,8 @@ namespace native {
 void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool transpose_w,
                          const int32_t* gather, const int32_t* scatter, const int64_t* offsets, at::Tensor& dst);
 
-// Backward of the above (transpose_w=false) in one pass over the pairs, dY gathered once per pair:
+// Backward of the above (transpose_w=false) in one pass over the pairs, dY gathered once per pair
+// (dW summed per block of input rows, then over the blocks in order):
 // dx[pair_in[p]] += dy[pair_out[p]] @ W_k^T and dw[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]].
 // dx [n_in, c_in] zero-initialised; dw [kvol, c_in, c_out] is overwritten.
 void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,

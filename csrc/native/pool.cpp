@@ -2,7 +2,13 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <memory>
+#include <type_traits>
 #include <vector>
+
+#include "pairs_by_row.h"
+#include "simd.h"
 
 namespace spconv {
 namespace native {
@@ -11,7 +17,7 @@ namespace {
 // Pairs per task: enough work per task to amortise the scheduling, independent of the thread count.
 constexpr int64_t kPairGrain = 512;
 
-// Runs body(p) for every pair p of every offset, offsets strictly in order.
+// Runs body(p) for every pair p of every offset, offsets strictly in order (average pooling).
 template <typename F>
 void for_each_pair_by_offset(const int64_t* offsets, int64_t kvol, const F& body) {
   for (int64_t k = 0; k < kvol; ++k) {
@@ -20,16 +26,138 @@ void for_each_pair_by_offset(const int64_t* offsets, int64_t kvol, const F& body
     });
   }
 }
+
+// acc = src where src > acc or src is NaN: a NaN wins and sticks, as in dense max pooling. Written
+// branch-free so the compiler vectorises it.
+template <typename T>
+inline __attribute__((always_inline)) void max_into(T* acc, const T* src, int64_t c) {
+  for (int64_t j = 0; j < c; ++j) {
+    const T s = src[j], a = acc[j];
+    acc[j] = ((s > a) | (s != s)) ? s : a;
+  }
+}
+
+// Rows [o0, o1) of the max pool, each over its pairs in offset order.
+template <typename T>
+inline __attribute__((always_inline)) void maxpool_rows(const T* x, int64_t c, const PairsByRow& g, int64_t o0,
+                                                        int64_t o1, T* out) {
+  for (int64_t o = o0; o < o1; ++o)
+    for (int64_t j = g.start[o]; j < g.start[o + 1]; ++j)
+      max_into(out + o * c, x + static_cast<int64_t>(g.other[j]) * c, c);
+}
+
+template <typename T>
+SPCONV_TARGET_AVX2 void maxpool_rows_avx2(const T* x, int64_t c, const PairsByRow& g, int64_t o0, int64_t o1,
+                                          T* out) {
+  maxpool_rows(x, c, g, o0, o1, out);
+}
+
+template <typename T>
+void maxpool_rows_base(const T* x, int64_t c, const PairsByRow& g, int64_t o0, int64_t o1, T* out) {
+  maxpool_rows(x, c, g, o0, o1, out);
+}
+
+// Output rows per task: fixed, so the work split doesn't depend on the thread count (results don't either:
+// every output row is computed by one task).
+int64_t row_grain(int64_t channels) { return std::max<int64_t>(16, 8192 / std::max<int64_t>(channels, 1)); }
+
+int64_t rows_reached(const int32_t* rows, int64_t n) {
+  int32_t most = -1;
+  for (int64_t p = 0; p < n; ++p) most = std::max(most, rows[p]);
+  return int64_t{most} + 1;
+}
+
+// Max pool gradient routing. win[c] holds the kernel offset whose input took the gradient of channel c
+// (kNoWinner while none has): the first offset, in order, whose input equals the output.
+template <typename T>
+using WinTag = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;  // same lane width as T: vectorises
+constexpr int kNoWinner = -1;
+
+template <typename T, typename Tag>
+inline __attribute__((always_inline)) void claim(Tag* win, const T* xi, const T* yo, Tag k, int64_t c) {
+  for (int64_t j = 0; j < c; ++j) {
+    const T xv = xi[j], yv = yo[j];
+    const bool is_max = (xv == yv) | ((xv != xv) & (yv != yv));  // a NaN max is its first NaN
+    win[j] = ((win[j] == kNoWinner) & is_max) ? k : win[j];
+  }
+}
+
+template <typename T, typename Tag>
+inline __attribute__((always_inline)) void route(T* gi, const T* go, const Tag* win, Tag k, int64_t c) {
+  // Adding 0 where the gradient isn't routed keeps gi exactly (gi starts at +0 and a sum is never -0),
+  // and unlike a conditional store it vectorises.
+  for (int64_t j = 0; j < c; ++j) {
+    const T g = go[j];
+    gi[j] += win[j] == k ? g : T(0);
+  }
+}
+
+// Claims for output rows [o0, o1) into win [num_out, C]; with route_now (every input in at most one pair,
+// so no two outputs write the same din row) the gradients are routed at once and win is one scratch row.
+template <typename T>
+inline __attribute__((always_inline)) void maxpool_backward_rows(const T* x, const T* out, const T* dout, int64_t c,
+                                                                 const PairsByRow& g, int64_t o0, int64_t o1,
+                                                                 bool route_now, WinTag<T>* win, T* din) {
+  using Tag = WinTag<T>;
+  for (int64_t o = o0; o < o1; ++o) {
+    Tag* w = route_now ? win : win + o * c;
+    std::fill(w, w + c, Tag{kNoWinner});
+    for (int64_t j = g.start[o]; j < g.start[o + 1]; ++j) {
+      const int64_t i = g.other[j];
+      const Tag k = g.offset[j];
+      claim(w, x + i * c, out + o * c, k, c);
+      if (route_now) route(din + i * c, dout + o * c, w, k, c);
+    }
+  }
+}
+
+template <typename T>
+SPCONV_TARGET_AVX2 void maxpool_backward_rows_avx2(const T* x, const T* out, const T* dout, int64_t c,
+                                                   const PairsByRow& g, int64_t o0, int64_t o1, bool route_now,
+                                                   WinTag<T>* win, T* din) {
+  maxpool_backward_rows(x, out, dout, c, g, o0, o1, route_now, win, din);
+}
+
+template <typename T>
+void maxpool_backward_rows_base(const T* x, const T* out, const T* dout, int64_t c, const PairsByRow& g,
+                                int64_t o0, int64_t o1, bool route_now, WinTag<T>* win, T* din) {
+  maxpool_backward_rows(x, out, dout, c, g, o0, o1, route_now, win, din);
+}
+
+// Routes the claimed gradients to input rows [i0, i1), each over its pairs in offset order (the order in
+// which an input shared by several outputs sums their gradients).
+template <typename T>
+inline __attribute__((always_inline)) void route_rows(const T* dout, int64_t c, const WinTag<T>* win,
+                                                      const PairsByRow& by_in, int64_t i0, int64_t i1, T* din) {
+  for (int64_t i = i0; i < i1; ++i)
+    for (int64_t j = by_in.start[i]; j < by_in.start[i + 1]; ++j) {
+      const int64_t o = by_in.other[j];
+      route(din + i * c, dout + o * c, win + o * c, WinTag<T>(by_in.offset[j]), c);
+    }
+}
+
+template <typename T>
+SPCONV_TARGET_AVX2 void route_rows_avx2(const T* dout, int64_t c, const WinTag<T>* win, const PairsByRow& by_in,
+                                        int64_t i0, int64_t i1, T* din) {
+  route_rows(dout, c, win, by_in, i0, i1, din);
+}
+
+template <typename T>
+void route_rows_base(const T* dout, int64_t c, const WinTag<T>* win, const PairsByRow& by_in, int64_t i0,
+                     int64_t i1, T* din) {
+  route_rows(dout, c, win, by_in, i0, i1, din);
+}
 }  // namespace
 
 template <typename T>
 void maxpool_forward(const T* x, int64_t channels, const int32_t* pair_in, const int32_t* pair_out,
                      const int64_t* offsets, int64_t kvol, T* out) {
-  for_each_pair_by_offset(offsets, kvol, [&](int64_t p) {
-    const T* src = x + static_cast<int64_t>(pair_in[p]) * channels;
-    T* dst = out + static_cast<int64_t>(pair_out[p]) * channels;
-    for (int64_t c = 0; c < channels; ++c)
-      if (src[c] > dst[c] || src[c] != src[c]) dst[c] = src[c];  // NaN wins and sticks, as in dense max pooling
+  const int64_t num_out = rows_reached(pair_out, offsets[kvol]);
+  const PairsByRow g = group_pairs_by_row(pair_out, pair_in, offsets, kvol, num_out);
+  const bool avx2 = cpu_has_avx2_fma();
+  at::parallel_for(0, num_out, row_grain(channels), [&](int64_t o0, int64_t o1) {
+    if (avx2) maxpool_rows_avx2(x, channels, g, o0, o1, out);
+    else maxpool_rows_base(x, channels, g, o0, o1, out);
   });
 }
 
@@ -37,22 +165,27 @@ template <typename T>
 void maxpool_backward(const T* x, const T* out, const T* dout, int64_t channels, int64_t num_out,
                       const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets, int64_t kvol,
                       T* din) {
-  // claimed[o * C + c]: the gradient of (o, c) was already routed to an earlier offset's input.
-  std::vector<uint8_t> claimed(static_cast<size_t>(num_out * channels), 0);
-  for_each_pair_by_offset(offsets, kvol, [&](int64_t p) {
-    const int64_t i = pair_in[p], o = pair_out[p];
-    const T* xi = x + i * channels;
-    const T* yo = out + o * channels;
-    const T* go = dout + o * channels;
-    uint8_t* cl = claimed.data() + o * channels;
-    T* gi = din + i * channels;
-    for (int64_t c = 0; c < channels; ++c) {
-      const bool is_max = xi[c] == yo[c] || (xi[c] != xi[c] && yo[c] != yo[c]);  // a NaN max is its first NaN
-      if (!cl[c] && is_max) {
-        gi[c] += go[c];
-        cl[c] = 1;
-      }
-    }
+  using Tag = WinTag<T>;
+  const int64_t n = offsets[kvol];
+  const int64_t num_in = rows_reached(pair_in, n);
+  const PairsByRow g = group_pairs_by_row(pair_out, pair_in, offsets, kvol, num_out);
+  const bool avx2 = cpu_has_avx2_fma();
+  // Usual pooling (stride = kernel size): every input feeds one output, so each output row routes its own
+  // gradients. Otherwise the winners are recorded first, then each input row collects its gradients.
+  const bool route_now = max_pairs_per_row(pair_in, n, num_in) <= 1;
+  // Left uninitialised: every output row's claims start by filling its row.
+  std::unique_ptr<Tag[]> win(new Tag[route_now ? 0 : num_out * channels]);
+  at::parallel_for(0, num_out, row_grain(channels), [&](int64_t o0, int64_t o1) {
+    std::vector<Tag> scratch(route_now ? channels : 0);
+    Tag* w = route_now ? scratch.data() : win.get();
+    if (avx2) maxpool_backward_rows_avx2(x, out, dout, channels, g, o0, o1, route_now, w, din);
+    else maxpool_backward_rows_base(x, out, dout, channels, g, o0, o1, route_now, w, din);
+  });
+  if (route_now) return;
+  const PairsByRow by_in = group_pairs_by_row(pair_in, pair_out, offsets, kvol, num_in);
+  at::parallel_for(0, num_in, row_grain(channels), [&](int64_t i0, int64_t i1) {
+    if (avx2) route_rows_avx2(dout, channels, win.get(), by_in, i0, i1, din);
+    else route_rows_base(dout, channels, win.get(), by_in, i0, i1, din);
   });
 }
 

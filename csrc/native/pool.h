@@ -1,7 +1,8 @@
 // Native pooling over a kernel map (pairs grouped by kernel offset, see schema.cpp).
-// For one offset every output row appears at most once and so does every input row, so the pairs of
-// one offset run in parallel without races; offsets run in order, which makes every result
-// (including which input receives a max-pool gradient) independent of the thread count.
+// Max pooling walks each output row's pairs in offset order (pairs regrouped by output row), so every
+// result, including which input receives a max-pool gradient, is independent of the thread count.
+// Average pooling runs offset by offset: within one offset every output row and every input row
+// appears at most once, so its pairs run in parallel without races, and offsets run in order.
 #pragma once
 #include <cstdint>
 
