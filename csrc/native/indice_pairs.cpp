@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 
 #include "radix_sort.h"
@@ -209,32 +210,59 @@ namespace {
 // exactly when each of its per-dimension positions does.
 struct Reach {
   int count[kMaxDim];
+  int32_t step_q[kMaxDim], step_r[kMaxDim];  // dilation / stride and dilation % stride
+  int stride_log2[kMaxDim];                    // log2(stride) for a power of two, else -1
   std::vector<int32_t> pos, val;  // [ndim, max ksize]
   int64_t width;
 };
 
-// Same arithmetic as conv_output / deconv_output, one dimension at a time.
+// Regular conv, one dimension: the outputs (c + padding - o * dilation) / stride over kernel positions o,
+// where that divides exactly and lies in [0, out_shape). One division per dimension: the quotient and
+// remainder follow o down by dilation / stride and dilation % stride.
+int reach_conv_1d(const ConvGeometry& g, const Reach& rc, int d, int32_t c, int32_t* pos, int32_t* val) {
+  const int32_t s = g.stride[d];
+  const int32_t dq = rc.step_q[d], dr = rc.step_r[d];
+  const int32_t num = c + g.padding[d];  // >= 0: coordinates and padding are
+  // num - o * dilation == q * s + r, 0 <= r < s. Strides are mostly 2: a shift, not a division.
+  const int sh = rc.stride_log2[d];
+  int32_t q = sh >= 0 ? num >> sh : num / s;
+  int32_t r = sh >= 0 ? num & (s - 1) : num % s;
+  int cnt = 0;
+  for (int32_t o = 0; o < g.ksize[d]; ++o) {
+    if (q >= 0 && r == 0 && q < g.out_shape[d]) {
+      pos[cnt] = o;
+      val[cnt] = q;
+      ++cnt;
+    }
+    q -= dq;
+    r -= dr;
+    if (r < 0) {
+      r += s;
+      --q;
+    }
+  }
+  return cnt;
+}
+
+// Transposed conv, one dimension: the outputs c * stride - padding + o * dilation inside [0, out_shape).
+int reach_deconv_1d(const ConvGeometry& g, int d, int32_t c, int32_t* pos, int32_t* val) {
+  int cnt = 0;
+  for (int32_t o = 0; o < g.ksize[d]; ++o) {
+    const int32_t v = c * g.stride[d] - g.padding[d] + o * g.dilation[d];
+    if (v < 0 || v >= g.out_shape[d]) continue;
+    pos[cnt] = o;
+    val[cnt] = v;
+    ++cnt;
+  }
+  return cnt;
+}
+
+// Same results as conv_output / deconv_output, one dimension at a time.
 void compute_reach(const ConvGeometry& g, const int32_t* c, bool transpose, Reach& r) {
   for (int d = 0; d < g.ndim; ++d) {
     int32_t* pos = r.pos.data() + d * r.width;
     int32_t* val = r.val.data() + d * r.width;
-    int cnt = 0;
-    for (int32_t o = 0; o < g.ksize[d]; ++o) {
-      int32_t v;
-      if (transpose) {
-        v = c[d] * g.stride[d] - g.padding[d] + o * g.dilation[d];
-        if (v < 0 || v >= g.out_shape[d]) continue;
-      } else {
-        const int32_t num = c[d] + g.padding[d] - o * g.dilation[d];
-        if (num < 0 || num % g.stride[d] != 0) continue;
-        v = num / g.stride[d];
-        if (v >= g.out_shape[d]) continue;
-      }
-      pos[cnt] = o;
-      val[cnt] = v;
-      ++cnt;
-    }
-    r.count[d] = cnt;
+    r.count[d] = transpose ? reach_deconv_1d(g, d, c[d], pos, val) : reach_conv_1d(g, r, d, c[d], pos, val);
   }
 }
 
@@ -269,6 +297,11 @@ Reach make_reach(const ConvGeometry& g) {
   r.width = *std::max_element(g.ksize, g.ksize + g.ndim);
   r.pos.resize(static_cast<size_t>(g.ndim * r.width));
   r.val.resize(static_cast<size_t>(g.ndim * r.width));
+  for (int d = 0; d < g.ndim; ++d) {
+    r.step_q[d] = g.dilation[d] / g.stride[d];
+    r.step_r[d] = g.dilation[d] % g.stride[d];
+    r.stride_log2[d] = std::has_single_bit(static_cast<uint32_t>(g.stride[d])) ? std::countr_zero(static_cast<uint32_t>(g.stride[d])) : -1;
+  }
   return r;
 }
 
@@ -278,44 +311,50 @@ struct Candidates {
   std::vector<int64_t> key, slot;
 };
 
+// Candidates of the inputs at sorted positions [p0, p1), appended to c in visiting order.
+void block_candidates(const int32_t* indices, const ConvGeometry& g, bool transpose, const SortedRows& s,
+                      int64_t p0, int64_t p1, Candidates& c) {
+  const int nd = g.ndim;
+  // The block's coordinates in sorted order, gathered up front: independent loads overlap their misses.
+  std::vector<int32_t> coords(static_cast<size_t>((p1 - p0) * (1 + nd)));
+  for (int64_t p = p0; p < p1; ++p) {
+    const int32_t* row = indices + static_cast<int64_t>(s.rows[p]) * (1 + nd);
+    for (int d = 0; d <= nd; ++d) coords[(p - p0) * (1 + nd) + d] = row[d];
+  }
+  Reach r = make_reach(g);
+  c.key.reserve(static_cast<size_t>(p1 - p0));
+  c.slot.reserve(static_cast<size_t>(p1 - p0));
+  for (int64_t p = p0; p < p1; ++p) {
+    const int32_t* row = coords.data() + (p - p0) * (1 + nd);
+    compute_reach(g, row + 1, transpose, r);
+    const int64_t base = static_cast<int64_t>(s.rows[p]) * g.kvol;
+    for_each_reached(r, g, row[0], [&](int64_t k, int64_t key) {
+      c.key.push_back(key);
+      c.slot.push_back(base + k);
+    });
+  }
+}
+
 Candidates list_candidates(const int32_t* indices, const ConvGeometry& g, bool transpose, const SortedRows& s,
                            int64_t n) {
-  const int64_t stride = 1 + g.ndim;
   const int64_t nb = num_blocks(n);
-  auto row_coords = [&](int64_t p) { return indices + static_cast<int64_t>(s.rows[p]) * stride; };
-  // Pass 1: candidates per block of sorted positions, so that pass 2 knows where each block writes.
-  std::vector<int64_t> start(static_cast<size_t>(nb + 1), 0);
+  std::vector<Candidates> per_block(static_cast<size_t>(nb));
   at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
-    Reach r = make_reach(g);
-    for (int64_t b = b0; b < b1; ++b) {
-      int64_t m = 0;
-      for (int64_t p = b * kRowBlock; p < std::min(n, (b + 1) * kRowBlock); ++p) {
-        compute_reach(g, row_coords(p) + 1, transpose, r);
-        m += reach_size(r, g.ndim);
-      }
-      start[b + 1] = m;
-    }
+    for (int64_t b = b0; b < b1; ++b)
+      block_candidates(indices, g, transpose, s, b * kRowBlock, std::min(n, (b + 1) * kRowBlock), per_block[b]);
   });
-  for (int64_t b = 0; b < nb; ++b) start[b + 1] += start[b];
+  // Concatenate the blocks in order.
+  std::vector<int64_t> start(static_cast<size_t>(nb + 1), 0);
+  for (int64_t b = 0; b < nb; ++b) start[b + 1] = start[b] + static_cast<int64_t>(per_block[b].key.size());
   TORCH_CHECK(start[nb] <= std::numeric_limits<int32_t>::max(), "kernel map: ", start[nb],
               " (input, offset) pairs reach an output, more than 2^31 - 1");
   Candidates cand;
   cand.key.resize(static_cast<size_t>(start[nb]));
   cand.slot.resize(static_cast<size_t>(start[nb]));
   at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
-    Reach r = make_reach(g);
     for (int64_t b = b0; b < b1; ++b) {
-      int64_t j = start[b];
-      for (int64_t p = b * kRowBlock; p < std::min(n, (b + 1) * kRowBlock); ++p) {
-        const int32_t* row = row_coords(p);
-        compute_reach(g, row + 1, transpose, r);
-        const int64_t base = static_cast<int64_t>(s.rows[p]) * g.kvol;
-        for_each_reached(r, g, row[0], [&](int64_t k, int64_t key) {
-          cand.key[j] = key;
-          cand.slot[j] = base + k;
-          ++j;
-        });
-      }
+      std::copy(per_block[b].key.begin(), per_block[b].key.end(), cand.key.begin() + start[b]);
+      std::copy(per_block[b].slot.begin(), per_block[b].slot.end(), cand.slot.begin() + start[b]);
     }
   });
   return cand;
