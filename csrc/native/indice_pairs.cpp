@@ -22,7 +22,7 @@ int64_t num_blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
 std::vector<int64_t> row_keys(const int32_t* indices, int64_t n, const ConvGeometry& g) {
   const int64_t stride = 1 + g.ndim;
   std::vector<int64_t> keys(static_cast<size_t>(n));
-  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, n, 1 << 15, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) keys[i] = pack_key(indices[i * stride], indices + i * stride + 1, g.in_shape, g.ndim);
   });
   return keys;
@@ -351,7 +351,8 @@ Candidates list_candidates(const int32_t* indices, const ConvGeometry& g, bool t
   Candidates cand;
   cand.key.resize(static_cast<size_t>(start[nb]));
   cand.slot.resize(static_cast<size_t>(start[nb]));
-  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+  // Copies of fewer than 64 blocks stay on one thread: a parallel region would cost more than they take.
+  at::parallel_for(0, nb, 64, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       std::copy(per_block[b].key.begin(), per_block[b].key.end(), cand.key.begin() + start[b]);
       std::copy(per_block[b].slot.begin(), per_block[b].slot.end(), cand.slot.begin() + start[b]);
@@ -389,7 +390,7 @@ void number_outputs(const Candidates& cand, int32_t* table, std::vector<int64_t>
 void decode_keys(const std::vector<int64_t>& keys, const ConvGeometry& g, int32_t* out) {
   const int nd = g.ndim;
   const int64_t stride = 1 + nd;
-  at::parallel_for(0, static_cast<int64_t>(keys.size()), 4096, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, static_cast<int64_t>(keys.size()), 1 << 14, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       int64_t key = keys[r];
       for (int d = nd - 1; d >= 0; --d) {
@@ -410,7 +411,7 @@ void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bo
   map.rows_are_outputs = false;
   map.table.reset(new int32_t[static_cast<size_t>(n * kvol)]);
   int32_t* table = map.table.get();
-  at::parallel_for(0, n * kvol, 1 << 16, [&](int64_t b, int64_t e) { std::fill(table + b, table + e, -1); });
+  at::parallel_for(0, n * kvol, 1 << 18, [&](int64_t b, int64_t e) { std::fill(table + b, table + e, -1); });
   std::vector<int64_t> out_keys;
   number_outputs(cand, table, out_keys);
   map.num_out = static_cast<int64_t>(out_keys.size());

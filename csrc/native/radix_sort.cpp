@@ -13,8 +13,11 @@ namespace native {
 namespace {
 // Fixed chunking: chunk boundaries, and with them every result, don't depend on the thread count.
 constexpr int64_t kChunks = 16;
-// Below this a parallel region costs more than it saves.
-constexpr int64_t kParallelMin = 1 << 15;
+// Below this a sort runs on one thread: each parallel region costs a wake-up of the other threads, which
+// on a busy machine can be a scheduler tick, more than a pass over this many words takes.
+constexpr int64_t kParallelMin = 1 << 17;
+// Grain of the element-wise loops (packing, unpacking).
+constexpr int64_t kGrain = 1 << 16;
 // Digits of at most 11 bits keep the per-chunk histograms small enough for L1/L2.
 constexpr int kMaxDigit = 11;
 
@@ -73,11 +76,17 @@ void sort_pairs(const int64_t* keys, int64_t m, std::vector<int64_t>& sorted_key
   }
 }
 
-int64_t max_key(const int64_t* keys, int64_t m) {
+// words[i] = key << index_bits | i (unsigned: a key too wide for the word wraps harmlessly), and the
+// largest key, which tells whether it was wide.
+int64_t pack_words(const int64_t* keys, int64_t m, int index_bits, std::vector<uint64_t>& words) {
+  words.resize(static_cast<size_t>(m));
   return at::parallel_reduce(
-      0, m, 1 << 16, int64_t{0},
+      0, m, kGrain, int64_t{0},
       [&](int64_t b, int64_t e, int64_t acc) {
-        for (int64_t i = b; i < e; ++i) acc = std::max(acc, keys[i]);
+        for (int64_t i = b; i < e; ++i) {
+          words[i] = (static_cast<uint64_t>(keys[i]) << index_bits) | static_cast<uint64_t>(i);
+          acc = std::max(acc, keys[i]);
+        }
         return acc;
       },
       [](int64_t a, int64_t b) { return std::max(a, b); });
@@ -102,17 +111,13 @@ void sort_key_index(const int64_t* keys, int64_t m, std::vector<int64_t>& sorted
   sorted_keys[m] = std::numeric_limits<int64_t>::max();
   if (m == 0) return;
   const int index_bits = bit_width(static_cast<uint64_t>(m - 1));
-  const int key_bits = bit_width(static_cast<uint64_t>(max_key(keys, m)));
+  // Words start in index order, so a stable sort on the key bits alone breaks ties by index.
+  std::vector<uint64_t> words;
+  const int key_bits = bit_width(static_cast<uint64_t>(pack_words(keys, m, index_bits, words)));
   if (index_bits + key_bits > 64) return sort_pairs(keys, m, sorted_keys, index);
-  // word = key << index_bits | i: words start in index order, so a stable sort on the key bits alone
-  // breaks ties by index.
-  std::vector<uint64_t> words(static_cast<size_t>(m));
-  at::parallel_for(0, m, 1 << 14, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) words[i] = (static_cast<uint64_t>(keys[i]) << index_bits) | static_cast<uint64_t>(i);
-  });
   radix_sort_bits(words, index_bits, index_bits + key_bits);
   const uint64_t index_mask = (uint64_t{1} << index_bits) - 1;
-  at::parallel_for(0, m, 1 << 14, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t s = b; s < e; ++s) {
       sorted_keys[s] = static_cast<int64_t>(words[s] >> index_bits);
       index[s] = static_cast<int32_t>(words[s] & index_mask);
