@@ -1,10 +1,13 @@
 #include "indice_pairs.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 
-#include "hash_table.h"
+#include "radix_sort.h"
 
 namespace spconv {
 namespace native {
@@ -15,161 +18,448 @@ constexpr int64_t kRowBlock = 4096;
 
 int64_t num_blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
 
-// Packed keys of the rows and the row order that sorts them: visiting rows in key order makes
-// consecutive hash lookups land on neighbouring slots.
-void sorted_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, std::vector<int64_t>& keys,
-                 std::vector<int32_t>& order) {
+// Packed keys of the rows, in row order.
+std::vector<int64_t> row_keys(const int32_t* indices, int64_t n, const ConvGeometry& g) {
   const int64_t stride = 1 + g.ndim;
-  keys.resize(static_cast<size_t>(n));
-  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
+  std::vector<int64_t> keys(static_cast<size_t>(n));
+  at::parallel_for(0, n, 1 << 15, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) keys[i] = pack_key(indices[i * stride], indices + i * stride + 1, g.in_shape, g.ndim);
   });
-  std::vector<std::pair<int64_t, int32_t>> kv(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) kv[i] = {keys[i], static_cast<int32_t>(i)};
-  // Sort fixed slices in parallel, then merge them pairwise (the (key, row) order is total: same result).
-  // Small inputs sort in place: a parallel region costs more than the sort there.
-  const int64_t kSlices = n < 16384 ? 1 : 8;
-  std::vector<int64_t> bound(kSlices + 1);
-  for (int64_t s = 0; s <= kSlices; ++s) bound[s] = n * s / kSlices;
-  at::parallel_for(0, kSlices, 1, [&](int64_t s0, int64_t s1) {
-    for (int64_t s = s0; s < s1; ++s) std::sort(kv.begin() + bound[s], kv.begin() + bound[s + 1]);
-  });
-  for (int64_t width = 1; width < kSlices; width *= 2) {
-    at::parallel_for(0, kSlices / (2 * width), 1, [&](int64_t m0, int64_t m1) {
-      for (int64_t m = m0; m < m1; ++m) {
-        const int64_t lo = bound[2 * m * width], mid = bound[(2 * m + 1) * width], hi = bound[(2 * m + 2) * width];
-        std::inplace_merge(kv.begin() + lo, kv.begin() + mid, kv.begin() + hi);
-      }
-    });
-  }
-  order.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) order[i] = kv[i].second;
+  return keys;
 }
 
-// Per-dimension offsets of every kernel offset index, computed once.
-std::vector<int32_t> kernel_offsets(const ConvGeometry& g) {
-  std::vector<int32_t> offs(static_cast<size_t>(g.kvol * g.ndim));
-  for (int64_t k = 0; k < g.kvol; ++k) unravel_offset(k, g.ksize, g.ndim, offs.data() + k * g.ndim);
-  return offs;
+// The rows in (key, row) order: keys[s] is the key at sorted position s (plus a trailing sentinel,
+// larger than any key), rows[s] its row.
+struct SortedRows {
+  std::vector<int64_t> keys;
+  std::vector<int32_t> rows;
+};
+
+SortedRows sort_rows(const int32_t* indices, int64_t n, const ConvGeometry& g) {
+  SortedRows s;
+  const std::vector<int64_t> keys = row_keys(indices, n, g);
+  sort_key_index(keys.data(), n, s.keys, s.rows);
+  return s;
+}
+
+// Subm offsets, grouped by their leading dimensions: offset k = group * klast + i, where i runs over the
+// last dimension. The neighbour of c through k sits at c + lead_shift[group] (leading dimensions) and
+// c + last_shift[i] (last dimension); once inside the grid its key is key(c) + lead_delta[group] + last_shift[i].
+struct SubmOffsets {
+  int64_t groups, klast;
+  std::vector<int32_t> lead_shift;  // [groups, ndim - 1]
+  std::vector<int64_t> lead_delta;  // [groups]
+  std::vector<int32_t> last_shift;  // [klast], ascending
+};
+
+SubmOffsets subm_offsets(const ConvGeometry& g) {
+  const int nd = g.ndim;
+  SubmOffsets o;
+  o.klast = g.ksize[nd - 1];
+  o.groups = g.kvol / o.klast;
+  for (int64_t i = 0; i < o.klast; ++i)
+    o.last_shift.push_back(static_cast<int32_t>(i - g.ksize[nd - 1] / 2) * g.dilation[nd - 1]);
+  o.lead_delta.assign(static_cast<size_t>(o.groups), 0);
+  o.lead_shift.resize(static_cast<size_t>(o.groups * (nd - 1)));
+  int32_t off[kMaxDim];
+  for (int64_t gr = 0; gr < o.groups; ++gr) {
+    unravel_offset(gr * o.klast, g.ksize, nd, off);
+    int64_t place = g.in_shape[nd - 1];
+    for (int d = nd - 2; d >= 0; --d) {
+      const int32_t s = (off[d] - g.ksize[d] / 2) * g.dilation[d];
+      o.lead_shift[gr * (nd - 1) + d] = s;
+      o.lead_delta[gr] += s * place;
+      place *= g.in_shape[d];
+    }
+  }
+  return o;
+}
+
+// The row reported for duplicate coordinates: the smallest row whose coordinate an earlier row holds
+// (equal keys sit next to each other, ascending by row). -1 when the keys are unique.
+int64_t first_repeated_row(const SortedRows& s, int64_t n) {
+  int64_t row = -1;
+  for (int64_t p = 1; p < n; ++p) {
+    if (s.keys[p] == s.keys[p - 1] && (row < 0 || s.rows[p] < row)) row = s.rows[p];
+  }
+  return row;
+}
+
+// key + delta where that can't overflow; INT64_MAX (past every key) where it would.
+int64_t add_clamped(int64_t key, int64_t delta) {
+  return delta > 0 && key > std::numeric_limits<int64_t>::max() - delta ? std::numeric_limits<int64_t>::max()
+                                                                        : key + delta;
+}
+
+// Keys are counted this many at a time when a cursor moves forward; the sorted keys (and rows) are padded
+// past n with at least this many sentinels.
+constexpr int kStep = 8;
+
+// The first position from j on whose key is >= t. The keys before it form a prefix, so counting the keys
+// below t in a window of kStep moves the cursor with independent loads and no branch per key.
+int64_t advance(const int64_t* sk, int64_t j, int64_t t) {
+  while (true) {
+    int64_t below = 0;
+    for (int m = 0; m < kStep; ++m) below += sk[j + m] < t;
+    j += below;
+    if (below < kStep) return j;
+  }
+}
+
+// Matches of one offset group, cursor j at the first key >= the group's smallest target t0. With a
+// last-dimension dilation of 1 the targets t0, t0 + 1, ... are consecutive, so the only candidates are the
+// klast keys from j on: key t0 + v is the match of offset v. Mismatches go to the junk entry out[klast].
+void match_consecutive(const int64_t* sk, const int32_t* rows, int64_t j, int64_t t0, int64_t klast,
+                       const uint8_t* inside, int32_t* out) {
+  for (int64_t m = 0; m < klast; ++m) {
+    const uint64_t v = static_cast<uint64_t>(sk[j + m]) - static_cast<uint64_t>(t0);
+    const int64_t i = v < static_cast<uint64_t>(klast) ? static_cast<int64_t>(v) : klast;
+    // Arithmetic select (i if inside, else klast): a branch here would mispredict on the sparse data.
+    const int64_t keep = -static_cast<int64_t>(inside[i]);
+    out[klast + ((i - klast) & keep)] = rows[j + m];
+  }
+}
+
+// The same for any dilation: targets t0 + shift[i] - shift[0], visited in ascending order.
+void match_scan(const int64_t* sk, const int32_t* rows, int64_t j, int64_t t0, const std::vector<int32_t>& shift,
+                const uint8_t* inside, int32_t* out) {
+  for (size_t i = 0; i < shift.size(); ++i) {
+    if (!inside[i]) continue;
+    const int64_t target = t0 + (shift[i] - shift[0]);
+    while (sk[j] < target) ++j;
+    if (sk[j] == target) out[i] = rows[j];
+  }
+}
+
+// Subm table entries of the rows at sorted positions [p0, p1). The keys ascend with p, so the keys of
+// one offset's neighbours ascend too: each offset group keeps a cursor into the sorted keys that only
+// moves forward (a merge of sorted lists, no lookups), started by one binary search per block.
+void match_subm_block(const int32_t* indices, const ConvGeometry& g, const SortedRows& s, int64_t n,
+                      const SubmOffsets& o, int64_t p0, int64_t p1, int32_t* out) {
+  const int nd = g.ndim;
+  const int lead = nd - 1;
+  const int64_t kvol = g.kvol, klast = o.klast;
+  const bool consecutive = g.dilation[lead] == 1;
+  const int64_t* sk = s.keys.data();
+  const int32_t* rows = s.rows.data();
+  std::vector<int64_t> cursor(static_cast<size_t>(o.groups));
+  for (int64_t gr = 0; gr < o.groups; ++gr)
+    cursor[gr] = std::lower_bound(sk, sk + n, add_clamped(sk[p0], o.lead_delta[gr] + o.last_shift[0])) - sk;
+  // The block's coordinates in sorted order, gathered up front: independent loads overlap their misses.
+  std::vector<int32_t> coords(static_cast<size_t>((p1 - p0) * nd));
+  for (int64_t p = p0; p < p1; ++p) {
+    const int32_t* c = indices + static_cast<int64_t>(rows[p]) * (1 + nd) + 1;
+    std::copy(c, c + nd, coords.data() + (p - p0) * nd);
+  }
+  std::vector<uint8_t> last_inside(static_cast<size_t>(klast + 1), 0);  // [klast]: the junk entry, never inside
+  std::vector<int32_t> row_out(static_cast<size_t>(kvol + 1));          // one row's entries, plus junk
+  for (int64_t p = p0; p < p1; ++p) {
+    const int32_t* c = coords.data() + (p - p0) * nd;
+    // key + delta can land in another grid line at the border: check each dimension.
+    for (int64_t i = 0; i < klast; ++i)
+      last_inside[i] = static_cast<uint32_t>(c[lead] + o.last_shift[i]) < static_cast<uint32_t>(g.in_shape[lead]);
+    std::fill(row_out.begin(), row_out.end(), -1);
+    for (int64_t gr = 0; gr < o.groups; ++gr) {
+      const int32_t* sh = o.lead_shift.data() + gr * lead;
+      bool inside = true;
+      for (int d = 0; d < lead; ++d)
+        inside &= static_cast<uint32_t>(c[d] + sh[d]) < static_cast<uint32_t>(g.in_shape[d]);
+      if (!inside) continue;
+      // The neighbour line's site at c's last coordinate has a valid key; t0 = its key + the smallest shift.
+      const int64_t t0 = sk[p] + o.lead_delta[gr] + o.last_shift[0];
+      const int64_t j = advance(sk, cursor[gr], t0);
+      cursor[gr] = j;
+      int32_t* dst = row_out.data() + gr * klast;
+      if (consecutive) {
+        // The junk entry of this group's window is the next group's first entry: save and restore it.
+        const int32_t next = dst[klast];
+        match_consecutive(sk, rows, j, t0, klast, last_inside.data(), dst);
+        dst[klast] = next;
+      } else {
+        match_scan(sk, rows, j, t0, o.last_shift, last_inside.data(), dst);
+      }
+    }
+    std::copy(row_out.begin(), row_out.begin() + kvol, out + static_cast<int64_t>(rows[p]) * kvol);
+  }
 }
 }  // namespace
 
 int64_t build_subm_map(const int32_t* indices, int64_t n, const ConvGeometry& g, KernelMap& map) {
-  const int nd = g.ndim;
-  const int64_t stride = 1 + nd;
-  std::vector<int64_t> keys;
-  std::vector<int32_t> order;
-  sorted_keys(indices, n, g, keys, order);
-  CoordHashTable table(n);
-  for (int64_t i = 0; i < n; ++i) {
-    int32_t prev = table.insert(keys[i], static_cast<int32_t>(i));
-    if (prev != i) return i;
-  }
-  const std::vector<int32_t> offs = kernel_offsets(g);
+  SortedRows s = sort_rows(indices, n, g);
+  const int64_t dup = first_repeated_row(s, n);
+  if (dup >= 0) return dup;
+  const SubmOffsets o = subm_offsets(g);
+  // Sentinel padding for the windows read past the last key (advance, match_consecutive).
+  const int64_t pad = std::max<int64_t>(kStep, o.klast);
+  s.keys.resize(static_cast<size_t>(n + pad), std::numeric_limits<int64_t>::max());
+  s.rows.resize(static_cast<size_t>(n + pad), -1);
   map.rows_are_outputs = true;
   map.num_out = n;
   map.table.reset(new int32_t[static_cast<size_t>(n * g.kvol)]);
   int32_t* out = map.table.get();
-  // A neighbour's key is the row's key plus a per-offset delta, once the neighbour is known to be inside
-  // the grid (checked per dimension): no key packing in the inner loop.
-  std::vector<int64_t> delta(static_cast<size_t>(g.kvol), 0);
-  std::vector<int32_t> shift(static_cast<size_t>(g.kvol * nd));
-  for (int64_t k = 0; k < g.kvol; ++k) {
-    int64_t place = 1;
-    for (int d = nd - 1; d >= 0; --d) {
-      const int32_t s = (offs[k * nd + d] - g.ksize[d] / 2) * g.dilation[d];
-      shift[k * nd + d] = s;
-      delta[k] += s * place;
-      place *= g.in_shape[d];
-    }
-  }
-  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t i = order[p];
-      const int32_t* c = indices + i * stride + 1;
-      const int64_t key = keys[i];
-      for (int64_t k = 0; k < g.kvol; ++k) {
-        const int32_t* s = shift.data() + k * nd;
-        bool inside = true;
-        for (int d = 0; d < nd; ++d)
-          inside &= static_cast<uint32_t>(c[d] + s[d]) < static_cast<uint32_t>(g.in_shape[d]);
-        out[i * g.kvol + k] = inside ? table.find(key + delta[k]) : -1;
-      }
-    }
+  at::parallel_for(0, num_blocks(n), 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      match_subm_block(indices, g, s, n, o, b * kRowBlock, std::min(n, (b + 1) * kRowBlock), out);
   });
   return -1;
 }
 
-void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bool transpose, KernelMap& map) {
-  const int nd = g.ndim;
-  const int64_t stride = 1 + nd;
-  const int64_t kvol = g.kvol;
-  // Phase 1 (parallel): candidate output keys for every (input, offset).
-  const std::vector<int32_t> offs = kernel_offsets(g);
-  std::vector<int64_t> keys(static_cast<size_t>(n * kvol), -1);
-  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
-    int32_t o[kMaxDim];
-    for (int64_t i = begin; i < end; ++i) {
-      const int32_t* row = indices + i * stride;
-      for (int64_t k = 0; k < kvol; ++k) {
-        const int32_t* koff = offs.data() + k * nd;
-        bool ok = transpose ? deconv_output(g, row + 1, koff, o) : conv_output(g, row + 1, koff, o);
-        if (ok) keys[i * kvol + k] = pack_key(row[0], o, g.out_shape, nd);
-      }
+namespace {
+// The output coordinates one input reaches, per dimension: kernel positions pos[d][0..count[d]) and
+// the output coordinate val[d][i] through each. The kernel is separable: an offset reaches an output
+// exactly when each of its per-dimension positions does.
+struct Reach {
+  int count[kMaxDim];
+  int32_t step_q[kMaxDim], step_r[kMaxDim];  // dilation / stride and dilation % stride
+  int stride_log2[kMaxDim];                    // log2(stride) for a power of two, else -1
+  std::vector<int32_t> pos, val;  // [ndim, max ksize]
+  int64_t width;
+};
+
+// Regular conv, one dimension: the outputs (c + padding - o * dilation) / stride over kernel positions o,
+// where that divides exactly and lies in [0, out_shape). One division per dimension: the quotient and
+// remainder follow o down by dilation / stride and dilation % stride.
+int reach_conv_1d(const ConvGeometry& g, const Reach& rc, int d, int32_t c, int32_t* pos, int32_t* val) {
+  const int32_t s = g.stride[d];
+  const int32_t dq = rc.step_q[d], dr = rc.step_r[d];
+  const int32_t num = c + g.padding[d];  // >= 0: coordinates and padding are
+  // num - o * dilation == q * s + r, 0 <= r < s. Strides are mostly 2: a shift, not a division.
+  const int sh = rc.stride_log2[d];
+  int32_t q = sh >= 0 ? num >> sh : num / s;
+  int32_t r = sh >= 0 ? num & (s - 1) : num % s;
+  int cnt = 0;
+  for (int32_t o = 0; o < g.ksize[d]; ++o) {
+    if (q >= 0 && r == 0 && q < g.out_shape[d]) {
+      pos[cnt] = o;
+      val[cnt] = q;
+      ++cnt;
     }
-  });
-  // Phase 2 (sequential, so output ids are deterministic): unique the outputs, visiting the inputs in
-  // key order so that consecutive inserts touch neighbouring slots. Output rows come in first-seen order.
-  std::vector<int64_t> in_keys;
-  std::vector<int32_t> order;
-  sorted_keys(indices, n, g, in_keys, order);
-  // Sized by the valid candidates: the unique outputs can't outnumber them (a full table would never stop probing).
-  const int64_t candidates = std::count_if(keys.begin(), keys.end(), [](int64_t k) { return k >= 0; });
-  CoordHashTable table(candidates);
-  map.rows_are_outputs = false;
-  map.table.reset(new int32_t[static_cast<size_t>(n * kvol)]);
-  std::fill(map.table.get(), map.table.get() + n * kvol, -1);
-  int32_t next = 0;
-  std::vector<int64_t> out_keys;
-  out_keys.reserve(static_cast<size_t>(n));
-  for (int64_t p = 0; p < n; ++p) {
-    for (int64_t t = order[p] * kvol, end = t + kvol; t < end; ++t) {
-      int64_t key = keys[t];
-      if (key < 0) continue;
-      int32_t id = table.insert(key, next);
-      if (id == next) {
-        ++next;
-        out_keys.push_back(key);
-      }
-      map.table[t] = id;
+    q -= dq;
+    r -= dr;
+    if (r < 0) {
+      r += s;
+      --q;
     }
   }
-  // Phase 3 (parallel): decode output keys into coordinates.
-  map.num_out = next;
-  map.out_indices.resize(static_cast<size_t>(next) * stride);
-  int32_t* oi = map.out_indices.data();
-  at::parallel_for(0, next, 4096, [&](int64_t begin, int64_t end) {
+  return cnt;
+}
+
+// Transposed conv, one dimension: the outputs c * stride - padding + o * dilation inside [0, out_shape).
+int reach_deconv_1d(const ConvGeometry& g, int d, int32_t c, int32_t* pos, int32_t* val) {
+  int cnt = 0;
+  for (int32_t o = 0; o < g.ksize[d]; ++o) {
+    const int32_t v = c * g.stride[d] - g.padding[d] + o * g.dilation[d];
+    if (v < 0 || v >= g.out_shape[d]) continue;
+    pos[cnt] = o;
+    val[cnt] = v;
+    ++cnt;
+  }
+  return cnt;
+}
+
+// Same results as conv_output / deconv_output, one dimension at a time.
+void compute_reach(const ConvGeometry& g, const int32_t* c, bool transpose, Reach& r) {
+  for (int d = 0; d < g.ndim; ++d) {
+    int32_t* pos = r.pos.data() + d * r.width;
+    int32_t* val = r.val.data() + d * r.width;
+    r.count[d] = transpose ? reach_deconv_1d(g, d, c[d], pos, val) : reach_conv_1d(g, r, d, c[d], pos, val);
+  }
+}
+
+int64_t reach_size(const Reach& r, int nd) {
+  int64_t m = 1;
+  for (int d = 0; d < nd; ++d) m *= r.count[d];
+  return m;
+}
+
+// Calls emit(k, output key) for every offset that reaches an output, k ascending (last dimension fastest).
+template <typename Emit>
+void for_each_reached(const Reach& r, const ConvGeometry& g, int32_t batch, Emit&& emit) {
+  const int nd = g.ndim;
+  if (reach_size(r, nd) == 0) return;
+  int idx[kMaxDim] = {0, 0, 0, 0};
+  while (true) {
+    int64_t k = 0;
+    int64_t key = batch;
+    for (int d = 0; d < nd; ++d) {
+      k = k * g.ksize[d] + r.pos[d * r.width + idx[d]];
+      key = key * g.out_shape[d] + r.val[d * r.width + idx[d]];
+    }
+    emit(k, key);
+    int d = nd - 1;
+    while (d >= 0 && ++idx[d] == r.count[d]) idx[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+Reach make_reach(const ConvGeometry& g) {
+  Reach r;
+  r.width = *std::max_element(g.ksize, g.ksize + g.ndim);
+  r.pos.resize(static_cast<size_t>(g.ndim * r.width));
+  r.val.resize(static_cast<size_t>(g.ndim * r.width));
+  for (int d = 0; d < g.ndim; ++d) {
+    r.step_q[d] = g.dilation[d] / g.stride[d];
+    r.step_r[d] = g.dilation[d] % g.stride[d];
+    r.stride_log2[d] = std::has_single_bit(static_cast<uint32_t>(g.stride[d])) ? std::countr_zero(static_cast<uint32_t>(g.stride[d])) : -1;
+  }
+  return r;
+}
+
+// Every (input, offset) that reaches an output, in visiting order: inputs by sorted position, then
+// offsets ascending. key[j] is the output key of candidate j, slot[j] its table entry (row * kvol + k).
+struct Candidates {
+  std::vector<int64_t> key, slot;
+};
+
+// Candidates of the inputs at sorted positions [p0, p1), appended to c in visiting order.
+void block_candidates(const int32_t* indices, const ConvGeometry& g, bool transpose, const SortedRows& s,
+                      int64_t p0, int64_t p1, Candidates& c) {
+  const int nd = g.ndim;
+  // The block's coordinates in sorted order, gathered up front: independent loads overlap their misses.
+  std::vector<int32_t> coords(static_cast<size_t>((p1 - p0) * (1 + nd)));
+  for (int64_t p = p0; p < p1; ++p) {
+    const int32_t* row = indices + static_cast<int64_t>(s.rows[p]) * (1 + nd);
+    for (int d = 0; d <= nd; ++d) coords[(p - p0) * (1 + nd) + d] = row[d];
+  }
+  Reach r = make_reach(g);
+  c.key.reserve(static_cast<size_t>(p1 - p0));
+  c.slot.reserve(static_cast<size_t>(p1 - p0));
+  for (int64_t p = p0; p < p1; ++p) {
+    const int32_t* row = coords.data() + (p - p0) * (1 + nd);
+    compute_reach(g, row + 1, transpose, r);
+    const int64_t base = static_cast<int64_t>(s.rows[p]) * g.kvol;
+    for_each_reached(r, g, row[0], [&](int64_t k, int64_t key) {
+      c.key.push_back(key);
+      c.slot.push_back(base + k);
+    });
+  }
+}
+
+Candidates list_candidates(const int32_t* indices, const ConvGeometry& g, bool transpose, const SortedRows& s,
+                           int64_t n) {
+  const int64_t nb = num_blocks(n);
+  std::vector<Candidates> per_block(static_cast<size_t>(nb));
+  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      block_candidates(indices, g, transpose, s, b * kRowBlock, std::min(n, (b + 1) * kRowBlock), per_block[b]);
+  });
+  // Concatenate the blocks in order.
+  std::vector<int64_t> start(static_cast<size_t>(nb + 1), 0);
+  for (int64_t b = 0; b < nb; ++b) start[b + 1] = start[b] + static_cast<int64_t>(per_block[b].key.size());
+  TORCH_CHECK(start[nb] <= std::numeric_limits<int32_t>::max(), "kernel map: ", start[nb],
+              " (input, offset) pairs reach an output, more than 2^31 - 1");
+  Candidates cand;
+  cand.key.resize(static_cast<size_t>(start[nb]));
+  cand.slot.resize(static_cast<size_t>(start[nb]));
+  // Copies of fewer than 64 blocks stay on one thread: a parallel region would cost more than they take.
+  at::parallel_for(0, nb, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      std::copy(per_block[b].key.begin(), per_block[b].key.end(), cand.key.begin() + start[b]);
+      std::copy(per_block[b].slot.begin(), per_block[b].slot.end(), cand.slot.begin() + start[b]);
+    }
+  });
+  return cand;
+}
+
+// Output ids in first-seen order: the output of candidate group G gets the number of groups whose first
+// candidate comes before G's. Writes each candidate's id into the table and each output's key.
+void number_outputs(const Candidates& cand, int32_t* table, std::vector<int64_t>& out_keys) {
+  const int64_t m = static_cast<int64_t>(cand.key.size());
+  std::vector<int64_t> sk;
+  std::vector<int32_t> sj;
+  sort_key_index(cand.key.data(), m, sk, sj);  // candidates of one output together, ascending j
+  std::vector<int32_t> id(static_cast<size_t>(m), 0);
+  for (int64_t s = 0; s < m; ++s) id[sj[s]] = s == 0 || sk[s] != sk[s - 1];  // 1 at each group's first j
+  int32_t next = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const int32_t first = id[j];
+    id[j] = next;
+    next += first;
+  }
+  out_keys.resize(static_cast<size_t>(next));
+  int32_t group = -1;
+  for (int64_t s = 0; s < m; ++s) {
+    if (s == 0 || sk[s] != sk[s - 1]) {
+      group = id[sj[s]];
+      out_keys[group] = sk[s];
+    }
+    table[cand.slot[sj[s]]] = group;
+  }
+}
+
+void decode_keys(const std::vector<int64_t>& keys, const ConvGeometry& g, int32_t* out) {
+  const int nd = g.ndim;
+  const int64_t stride = 1 + nd;
+  at::parallel_for(0, static_cast<int64_t>(keys.size()), 1 << 14, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      int64_t key = out_keys[r];
+      int64_t key = keys[r];
       for (int d = nd - 1; d >= 0; --d) {
-        oi[r * stride + 1 + d] = static_cast<int32_t>(key % g.out_shape[d]);
+        out[r * stride + 1 + d] = static_cast<int32_t>(key % g.out_shape[d]);
         key /= g.out_shape[d];
       }
-      oi[r * stride] = static_cast<int32_t>(key);
+      out[r * stride] = static_cast<int32_t>(key);
     }
   });
 }
+}  // namespace
+
+void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bool transpose, KernelMap& map) {
+  const int64_t kvol = g.kvol;
+  // Inputs are visited in key order, offsets ascending; outputs are numbered in first-seen order.
+  const SortedRows s = sort_rows(indices, n, g);
+  const Candidates cand = list_candidates(indices, g, transpose, s, n);
+  map.rows_are_outputs = false;
+  map.table.reset(new int32_t[static_cast<size_t>(n * kvol)]);
+  int32_t* table = map.table.get();
+  at::parallel_for(0, n * kvol, 1 << 18, [&](int64_t b, int64_t e) { std::fill(table + b, table + e, -1); });
+  std::vector<int64_t> out_keys;
+  number_outputs(cand, table, out_keys);
+  map.num_out = static_cast<int64_t>(out_keys.size());
+  map.out_indices.resize(out_keys.size() * (1 + g.ndim));
+  decode_keys(out_keys, g, map.out_indices.data());
+}
+
+namespace {
+// Pairs of the rows [r0, r1) at each offset k, counted into c[k].
+void count_block(const int32_t* table, int64_t r0, int64_t r1, int64_t kvol, int64_t* c) {
+  std::vector<int32_t> local(static_cast<size_t>(kvol), 0);  // int32: a block has fewer than 2^31 pairs
+  int32_t* lc = local.data();
+  for (int64_t r = r0; r < r1; ++r) {
+    const int32_t* t = table + r * kvol;
+    for (int64_t k = 0; k < kvol; ++k) lc[k] += t[k] >= 0;
+  }
+  for (int64_t k = 0; k < kvol; ++k) c[k] = lc[k];
+}
+
+// Writes the pairs of the rows [r0, r1), offset by offset, from pos[k] on. Each offset's run is first
+// collected in a buffer that every entry writes (a missing one is overwritten by the next): no branch
+// on the sparse table, and no write past the run, which belongs to another block.
+void compact_block(const int32_t* table, int64_t r0, int64_t r1, int64_t kvol, const int64_t* pos,
+                   int32_t* rows_dst, int32_t* partner_dst, std::vector<int32_t>& buf) {
+  buf.resize(static_cast<size_t>(2 * (r1 - r0 + 1)));
+  int32_t* rows_buf = buf.data();
+  int32_t* partner_buf = buf.data() + (r1 - r0 + 1);
+  for (int64_t k = 0; k < kvol; ++k) {
+    int64_t c = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int32_t p = table[r * kvol + k];
+      rows_buf[c] = static_cast<int32_t>(r);
+      partner_buf[c] = p;
+      c += p >= 0;
+    }
+    std::copy(rows_buf, rows_buf + c, rows_dst + pos[k]);
+    std::copy(partner_buf, partner_buf + c, partner_dst + pos[k]);
+  }
+}
+}  // namespace
 
 std::vector<int64_t> count_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, int64_t* pair_offsets) {
   const int64_t nb = num_blocks(num_rows);
   std::vector<int64_t> counts(static_cast<size_t>(nb * kvol), 0);
-  const int32_t* t = map.table.get();
   at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      int64_t* c = counts.data() + b * kvol;
-      for (int64_t r = b * kRowBlock; r < std::min(num_rows, (b + 1) * kRowBlock); ++r)
-        for (int64_t k = 0; k < kvol; ++k) c[k] += t[r * kvol + k] >= 0;
-    }
+    for (int64_t b = b0; b < b1; ++b)
+      count_block(map.table.get(), b * kRowBlock, std::min(num_rows, (b + 1) * kRowBlock), kvol,
+                  counts.data() + b * kvol);
   });
   pair_offsets[0] = 0;
   for (int64_t k = 0; k < kvol; ++k) {
@@ -183,7 +473,6 @@ std::vector<int64_t> count_pairs(const KernelMap& map, int64_t num_rows, int64_t
 void compact_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, const int64_t* pair_offsets,
                    std::vector<int64_t> block_counts, int32_t* pair_in, int32_t* pair_out) {
   const int64_t nb = num_blocks(num_rows);
-  const int32_t* t = map.table.get();
   // Turn the counts into the start of each (block, offset) run: offsets[k] + pairs of earlier blocks at k.
   std::vector<int64_t>& start = block_counts;
   for (int64_t k = 0; k < kvol; ++k) {
@@ -197,17 +486,10 @@ void compact_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, const i
   int32_t* rows_dst = map.rows_are_outputs ? pair_out : pair_in;
   int32_t* partner_dst = map.rows_are_outputs ? pair_in : pair_out;
   at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      int64_t* pos = start.data() + b * kvol;
-      for (int64_t r = b * kRowBlock; r < std::min(num_rows, (b + 1) * kRowBlock); ++r)
-        for (int64_t k = 0; k < kvol; ++k) {
-          int32_t p = t[r * kvol + k];
-          if (p < 0) continue;
-          rows_dst[pos[k]] = static_cast<int32_t>(r);
-          partner_dst[pos[k]] = p;
-          ++pos[k];
-        }
-    }
+    std::vector<int32_t> buf;
+    for (int64_t b = b0; b < b1; ++b)
+      compact_block(map.table.get(), b * kRowBlock, std::min(num_rows, (b + 1) * kRowBlock), kvol,
+                    start.data() + b * kvol, rows_dst, partner_dst, buf);
   });
 }
 
