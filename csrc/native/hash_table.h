@@ -9,11 +9,10 @@
 namespace spconv {
 namespace native {
 
-// Slots are chosen per block of 16 consecutive keys (same batch/z/y, neighbouring x), so the lookups of
-// a voxel's kernel neighbours touch few cache lines; blocks are spread by Fibonacci hashing (one multiply:
-// this sits in the innermost loop of kernel-map building). Most kernel-map
-// lookups miss (a LiDAR voxel has ~6 of 27 neighbours), so a one-bit-per-key filter, 8x the table
-// size in bits and cache-resident, answers most misses without probing the table.
+// Used by point-to-voxel (kernel maps merge sorted keys instead). Slots are chosen per block of 16
+// consecutive keys (same batch/z/y, neighbouring x), so nearby points touch few cache lines; blocks are
+// spread by Fibonacci hashing (one multiply). A one-bit-per-key filter, 8x the table size in bits and
+// cache-resident, answers most misses without probing the table.
 class CoordHashTable {
  public:
   explicit CoordHashTable(int64_t expected) {

@@ -1,4 +1,4 @@
-// CPU implementation of get_indice_pairs: hash-table kernel maps (native route).
+// CPU implementation of get_indice_pairs: kernel maps from radix-sorted coordinate keys (native route).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
