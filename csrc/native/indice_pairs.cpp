@@ -346,8 +346,8 @@ Candidates list_candidates(const int32_t* indices, const ConvGeometry& g, bool t
   // Concatenate the blocks in order.
   std::vector<int64_t> start(static_cast<size_t>(nb + 1), 0);
   for (int64_t b = 0; b < nb; ++b) start[b + 1] = start[b] + static_cast<int64_t>(per_block[b].key.size());
-  TORCH_CHECK(start[nb] <= std::numeric_limits<int32_t>::max(), "kernel map: ", start[nb],
-              " (input, offset) pairs reach an output, more than 2^31 - 1");
+  TORCH_CHECK_VALUE(start[nb] <= std::numeric_limits<int32_t>::max(), "kernel map: ", start[nb],
+                    " (input, offset) pairs reach an output, more than 2^31 - 1");
   Candidates cand;
   cand.key.resize(static_cast<size_t>(start[nb]));
   cand.slot.resize(static_cast<size_t>(start[nb]));
