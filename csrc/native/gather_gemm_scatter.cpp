@@ -5,7 +5,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 namespace spconv {
@@ -118,13 +120,27 @@ RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const in
   return d;
 }
 
-// Input rows per backward block. Every block holds a dW partial ([kvol, c_in, c_out]), so blocks are at
-// least L2-sized and at most kMaxDwPartials (fewer when the partials would pass kPartialBytes).
-int64_t backward_block_rows(int64_t n_in, int64_t kvol, int64_t c_in, int64_t c_out, int64_t elem_size) {
-  constexpr int64_t kMaxDwPartials = 32, kPartialBytes = int64_t{32} << 20;
-  const int64_t partial = std::max<int64_t>(kvol * c_in * c_out * elem_size, 1);
-  const int64_t n_partials = std::clamp<int64_t>(kPartialBytes / partial, 1, kMaxDwPartials);
-  return std::max(cache_block_rows(n_in, std::max(c_in, c_out), elem_size), (n_in + n_partials - 1) / n_partials);
+// Runs task(t) for t in [0, n) with per-worker state: workers pull tasks in the given order (longest first
+// balances best) off a shared counter, so the threads stay busy however uneven the tasks are. Every task
+// writes only its own output, so which worker ran it never changes the bits.
+template <typename MakeWorker>
+void run_tasks(int64_t n, const MakeWorker& make_worker) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::clamp<int64_t>(at::get_num_threads(), 1, n);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    ChunkGuard guard;
+    auto task = make_worker();
+    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < n;) task(t);
+  });
+}
+
+// Task order, most pairs first.
+std::vector<int64_t> longest_first(const std::vector<int64_t>& work) {
+  std::vector<int64_t> order(work.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return work[a] > work[b]; });
+  return order;
 }
 
 // Which offsets are identities (the centre of a submanifold kernel).
@@ -155,16 +171,20 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   for (int64_t k = 0; k < kvol; ++k) w[k] = transpose_w ? weights[k].t() : weights[k];
   const RowBlocks blocks = bucket_by_row_block(scatter, gather, offsets, kvol, identity, n_dst,
                                                cache_block_rows(n_dst, c_dst, src.element_size()));
+  // Pair density varies a lot across a scan's rows: hand the blocks out by their pair counts.
+  std::vector<int64_t> work(blocks.n_blocks);
+  for (int64_t b = 0; b < blocks.n_blocks; ++b) work[b] = blocks.start[(b + 1) * kvol] - blocks.start[b * kvol];
+  const std::vector<int64_t> order = longest_first(work);
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "gather_gemm_scatter", [&] {
     const scalar_t* x = src.const_data_ptr<scalar_t>();
     scalar_t* y = dst.mutable_data_ptr<scalar_t>();
-    // One parallel pass over the blocks: a block's rows stay in cache over all offsets, and no barrier
-    // separates the offsets.
-    at::parallel_for(0, blocks.n_blocks, 1, [&](int64_t b0, int64_t b1) {
-      ChunkGuard guard;
+    // One pass over the blocks: a block's rows stay in cache over all offsets, and no barrier separates the
+    // offsets.
+    run_tasks(blocks.n_blocks, [&] {
       at::Tensor a = at::empty({rows, c_src}, src.options());
       at::Tensor out = at::empty({rows, c_dst}, src.options());
-      for (int64_t b = b0; b < b1; ++b) {
+      return [&, a, out](int64_t t) {
+        const int64_t b = order[t];
         const int64_t r0 = b * blocks.rows, r1 = std::min(n_dst, r0 + blocks.rows);
         for (int64_t k = 0; k < kvol; ++k) {
           if (identity[k]) {  // rows map to themselves: accumulate straight into the block
@@ -180,10 +200,159 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
             scatter_add_rows(o.const_data_ptr<scalar_t>(), c_dst, blocks.key.data() + begin + c0, m, y);
           }
         }
-      }
+      };
     });
   });
 }
+
+namespace {
+
+// dw[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]], split over K (the pairs): each offset's pairs are cut into
+// segments of about the same length, and each segment sums its chunks' products (in pair order) into a
+// partial of its own; the partials of an offset are then added in segment order. Segments and chunks depend on
+// the sizes only, so the bits don't depend on the thread count. The segments are long enough that each GEMM
+// has a large K and the partials stay few.
+void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_in, const int32_t* pair_out,
+                 const int64_t* offsets, const std::vector<char>& identity, at::Tensor& dw) {
+  constexpr int64_t kTargetSegments = 64;
+  const int64_t kvol = dw.size(0), c_in = x.size(1), c_out = dy.size(1);
+  // Chunk rows: both gathered chunks together stay within L2.
+  const int64_t rows =
+      std::clamp<int64_t>((int64_t{1} << 19) / ((c_in + c_out) * x.element_size()), 128, 2048);
+  const int64_t total = offsets[kvol] - offsets[0];
+  const int64_t seg_len = std::max(rows, (total + kTargetSegments - 1) / kTargetSegments / rows * rows);
+  struct Segment {
+    int64_t k, begin, end, slot;  // slot < 0: the offset's first segment, written to dw[k] itself
+  };
+  std::vector<Segment> segs;
+  int64_t n_partials = 0;
+  for (int64_t k = 0; k < kvol; ++k) {
+    const int64_t count = offsets[k + 1] - offsets[k];
+    if (count == 0) {
+      dw[k].zero_();
+      continue;
+    }
+    const int64_t n_seg = (count + seg_len - 1) / seg_len;
+    for (int64_t s = 0; s < n_seg; ++s)
+      segs.push_back({k, offsets[k] + count * s / n_seg, offsets[k] + count * (s + 1) / n_seg, s == 0 ? -1 : n_partials++});
+  }
+  at::Tensor part = at::empty({n_partials, c_in, c_out}, x.options());
+  std::vector<int64_t> work(segs.size());
+  for (size_t i = 0; i < segs.size(); ++i) work[i] = segs[i].end - segs[i].begin;
+  const std::vector<int64_t> order = longest_first(work);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "weight_grad", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
+    run_tasks(static_cast<int64_t>(segs.size()), [&] {
+      at::Tensor a = at::empty({rows, c_in}, x.options());
+      at::Tensor b = at::empty({rows, c_out}, x.options());
+      return [&, a, b](int64_t t) {
+        const Segment& sg = segs[order[t]];
+        at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
+        if (identity[sg.k]) {  // rows map to themselves: no gather
+          const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
+          at::mm_out(acc, x.narrow(0, r0, n).t(), dy.narrow(0, r0, n));
+          return;
+        }
+        for (int64_t c0 = sg.begin; c0 < sg.end; c0 += rows) {
+          const int64_t m = std::min(rows, sg.end - c0);
+          gather_rows(xp, c_in, pair_in + c0, m, a.mutable_data_ptr<scalar_t>());
+          gather_rows(gp, c_out, pair_out + c0, m, b.mutable_data_ptr<scalar_t>());
+          if (c0 == sg.begin) at::mm_out(acc, a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
+          else acc.addmm_(a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
+        }
+      };
+    });
+  });
+  for (const Segment& sg : segs)
+    if (sg.slot >= 0) dw[sg.k].add_(part[sg.slot]);
+}
+
+}  // namespace
+
+namespace {
+
+// Backward in one pass over blocks of input rows (dY gathered once per pair for both products, and a block's
+// X and dX rows stay in cache across its offsets). dW is split by runs of consecutive blocks ("groups") of
+// about equal pair counts: each group sums its products into a partial of its own, then the partials are
+// added in group order. Blocks and groups depend on the sizes only: the bits don't depend on the thread count.
+void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
+                            const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
+                            const std::vector<char>& identity, int64_t n_groups, at::Tensor& dx, at::Tensor& dw) {
+  const int64_t kvol = weights.size(0), c_in = x.size(1), c_out = dy.size(1), n_in = x.size(0);
+  const int64_t rows = chunk_rows(std::max(c_in, c_out));
+  std::vector<at::Tensor> wt(kvol);
+  for (int64_t k = 0; k < kvol; ++k) wt[k] = weights[k].t();
+  const RowBlocks blocks = bucket_by_row_block(pair_in, pair_out, offsets, kvol, identity, n_in,
+                                               cache_block_rows(n_in, std::max(c_in, c_out), x.element_size()));
+  int64_t identity_rows = 0;
+  for (int64_t k = 0; k < kvol; ++k) identity_rows += identity[k] ? 1 : 0;
+  std::vector<int64_t> cum(blocks.n_blocks + 1, 0);  // pairs (identity rows included) before each block
+  for (int64_t b = 0; b < blocks.n_blocks; ++b)
+    cum[b + 1] = cum[b] + blocks.start[(b + 1) * kvol] - blocks.start[b * kvol] +
+                 identity_rows * (std::min(n_in, (b + 1) * blocks.rows) - b * blocks.rows);
+  n_groups = std::clamp<int64_t>(n_groups, 1, std::max<int64_t>(blocks.n_blocks, 1));
+  std::vector<int64_t> first_block(n_groups + 1, blocks.n_blocks);  // group g: blocks [first_block[g], first_block[g+1])
+  for (int64_t g = 0, b = 0; g < n_groups; ++g) {
+    while (b < blocks.n_blocks && cum[b] * n_groups < cum.back() * g) ++b;
+    first_block[g] = b;
+  }
+  std::vector<int64_t> work(n_groups);
+  for (int64_t g = 0; g < n_groups; ++g) work[g] = cum[first_block[g + 1]] - cum[first_block[g]];
+  const std::vector<int64_t> order = longest_first(work);
+  // Group 0 sums straight into dw, the others into partials.
+  at::Tensor part = at::empty({n_groups - 1, kvol, c_in, c_out}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gather_gemm_scatter_backward", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
+    scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
+    run_tasks(n_groups, [&] {
+      at::Tensor a = at::empty({rows, c_in}, x.options());
+      at::Tensor b = at::empty({rows, c_out}, x.options());
+      at::Tensor o = at::empty({rows, c_in}, x.options());
+      return [&, a, b, o](int64_t t) {
+        const int64_t g = order[t];
+        at::Tensor acc_all = g == 0 ? dw : part[g - 1];
+        std::vector<char> started(kvol, 0);
+        // The first product of an offset overwrites its (uninitialised) partial, the others add to it.
+        auto accumulate = [&](int64_t k, const at::Tensor& lhs, const at::Tensor& rhs) {
+          at::Tensor acc = acc_all[k];
+          if (started[k]) acc.addmm_(lhs, rhs);
+          else at::mm_out(acc, lhs, rhs);
+          started[k] = 1;
+        };
+        for (int64_t blk = first_block[g]; blk < first_block[g + 1]; ++blk) {
+          const int64_t r0 = blk * blocks.rows, r1 = std::min(n_in, r0 + blocks.rows);
+          for (int64_t k = 0; k < kvol; ++k) {
+            if (identity[k]) {  // rows map to themselves: no gather or scatter
+              at::Tensor xs = x.narrow(0, r0, r1 - r0), gs = dy.narrow(0, r0, r1 - r0);
+              dx.narrow(0, r0, r1 - r0).addmm_(gs, wt[k]);
+              accumulate(k, xs.t(), gs);
+              continue;
+            }
+            const int64_t begin = blocks.begin(blk, k, kvol), count = blocks.count(blk, k, kvol);
+            for (int64_t c0 = 0; c0 < count; c0 += rows) {
+              const int64_t m = std::min(rows, count - c0);
+              const int32_t* pin = blocks.key.data() + begin + c0;
+              // One gather of dY serves both dX (dY W^T, scattered to the inputs) and dW (X^T dY).
+              gather_rows(gp, c_out, blocks.other.data() + begin + c0, m, b.mutable_data_ptr<scalar_t>());
+              gather_rows(xp, c_in, pin, m, a.mutable_data_ptr<scalar_t>());
+              at::Tensor bm = b.narrow(0, 0, m), om = o.narrow(0, 0, m);
+              at::mm_out(om, bm, wt[k]);
+              scatter_add_rows(om.const_data_ptr<scalar_t>(), c_in, pin, m, dxp);
+              accumulate(k, a.narrow(0, 0, m).t(), bm);
+            }
+          }
+        }
+        for (int64_t k = 0; k < kvol; ++k)
+          if (!started[k]) acc_all[k].zero_();
+      };
+    });
+  });
+  for (int64_t g = 1; g < n_groups; ++g) dw.add_(part[g - 1]);
+}
+
+}  // namespace
 
 void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
                                   const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
@@ -192,52 +361,23 @@ void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights
     direct_conv_backward(x, weights, dy, pair_in, pair_out, offsets, dx, dw);
     return;
   }
-  const int64_t kvol = weights.size(0), c_in = x.size(1), c_out = dy.size(1), n_in = x.size(0);
-  const int64_t rows = chunk_rows(std::max(c_in, c_out));
-  const std::vector<char> identity = identity_offsets(pair_in, pair_out, offsets, kvol, n_in, dy.size(0));
-  std::vector<at::Tensor> wt(kvol);
-  for (int64_t k = 0; k < kvol; ++k) wt[k] = weights[k].t();
-  const RowBlocks blocks = bucket_by_row_block(pair_in, pair_out, offsets, kvol, identity, n_in,
-                                               backward_block_rows(n_in, kvol, c_in, c_out, x.element_size()));
-  // dW partial sums per block of input rows, added in block order below: reproducible bits for any thread count.
-  at::Tensor part = at::zeros({std::max<int64_t>(blocks.n_blocks, 1), kvol, c_in, c_out}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gather_gemm_scatter_backward", [&] {
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
-    scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, blocks.n_blocks, 1, [&](int64_t b0, int64_t b1) {
-      ChunkGuard guard;
-      at::Tensor a = at::empty({rows, c_in}, x.options());
-      at::Tensor b = at::empty({rows, c_out}, x.options());
-      at::Tensor o = at::empty({rows, c_in}, x.options());
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        const int64_t r0 = blk * blocks.rows, r1 = std::min(n_in, r0 + blocks.rows);
-        for (int64_t k = 0; k < kvol; ++k) {
-          at::Tensor acc = part[blk][k];
-          if (identity[k]) {  // rows map to themselves: no gather or scatter
-            at::Tensor xs = x.narrow(0, r0, r1 - r0), gs = dy.narrow(0, r0, r1 - r0);
-            dx.narrow(0, r0, r1 - r0).addmm_(gs, wt[k]);
-            acc.addmm_(xs.t(), gs);
-            continue;
-          }
-          const int64_t begin = blocks.begin(blk, k, kvol), count = blocks.count(blk, k, kvol);
-          for (int64_t c0 = 0; c0 < count; c0 += rows) {
-            const int64_t m = std::min(rows, count - c0);
-            const int32_t* pin = blocks.key.data() + begin + c0;
-            // One gather of dY serves both dX (dY W^T, scattered to the inputs) and dW (X^T dY).
-            gather_rows(gp, c_out, blocks.other.data() + begin + c0, m, b.mutable_data_ptr<scalar_t>());
-            gather_rows(xp, c_in, pin, m, a.mutable_data_ptr<scalar_t>());
-            at::Tensor bm = b.narrow(0, 0, m), om = o.narrow(0, 0, m);
-            at::mm_out(om, bm, wt[k]);
-            scatter_add_rows(om.const_data_ptr<scalar_t>(), c_in, pin, m, dxp);
-            acc.addmm_(a.narrow(0, 0, m).t(), bm);
-          }
-        }
-      }
-    });
-  });
-  dw.copy_(part[0]);
-  for (int64_t blk = 1; blk < blocks.n_blocks; ++blk) dw.add_(part[blk]);
+  const int64_t kvol = weights.size(0);
+  const std::vector<char> identity = identity_offsets(pair_in, pair_out, offsets, kvol, x.size(0), dy.size(0));
+  // One pass over blocks of input rows shares the dY gather between dX and dW and keeps X and dX rows in
+  // cache: it wins on large inputs, as long as its per-group dW partials are many (for balance) and cheap
+  // next to the work. Otherwise dX and dW go separately: no partials but the dW pass gathers again.
+  constexpr int64_t kPartialBytes = int64_t{32} << 20, kMaxGroups = 16, kMinGroups = 12, kPairsPerPartialEntry = 256;
+  const int64_t partial = kvol * x.size(1) * dy.size(1) * x.element_size();
+  const int64_t groups = std::min(kMaxGroups, kPartialBytes / partial);
+  const int64_t pairs = offsets[kvol] - offsets[0];
+  if (groups >= kMinGroups && pairs >= kPairsPerPartialEntry * kvol * groups) {
+    backward_by_row_blocks(x, weights, dy, pair_in, pair_out, offsets, identity, groups, dx, dw);
+    return;
+  }
+  // dX is the forward of dY with W^T over the reversed pairs (blocked by input rows); dW goes split-K over
+  // the pairs, so neither limits the other's parallelism.
+  gather_gemm_scatter(dy, weights, /*transpose_w=*/true, pair_out, pair_in, offsets, dx);
+  weight_grad(x, dy, pair_in, pair_out, offsets, identity, dw);
 }
 
 }  // namespace native
