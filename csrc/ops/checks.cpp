@@ -171,5 +171,43 @@ void check_conv_backward_args(const at::Tensor& features, const at::Tensor& filt
                     " but features on ", features.device());
 }
 
+void check_pool_args(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
+                     const at::Tensor& pair_offsets, int64_t num_out) {
+  check_features(features, "features");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+}
+
+static void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
+  TORCH_CHECK_VALUE(t.device() == ref.device(), name, " is on ", t.device(), " but ", ref_name, " on ",
+                    ref.device());
+}
+
+void check_maxpool_backward_args(const at::Tensor& features, const at::Tensor& out_features,
+                                 const at::Tensor& out_grad, const at::Tensor& pair_in, const at::Tensor& pair_out,
+                                 const at::Tensor& pair_offsets) {
+  check_features(features, "features");
+  check_features(out_features, "out_features");
+  check_features(out_grad, "out_grad");
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  TORCH_CHECK_VALUE(out_features.sizes() == out_grad.sizes(), "out_grad must have the shape of out_features ",
+                    out_features.sizes(), ", got ", out_grad.sizes());
+  TORCH_CHECK_VALUE(out_features.size(1) == features.size(1), "out_features have ", out_features.size(1),
+                    " channels but features have ", features.size(1));
+  check_same_device(out_features, features, "out_features", "features");
+  check_same_device(out_grad, features, "out_grad", "features");
+}
+
+void check_avgpool_backward_args(const at::Tensor& out_grad, const at::Tensor& count, const at::Tensor& pair_in,
+                                 const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_in) {
+  check_features(out_grad, "out_grad");
+  check_pairs(pair_in, pair_out, pair_offsets, out_grad);
+  TORCH_CHECK_TYPE(count.scalar_type() == at::kInt, "count must be int32, got ", count.scalar_type());
+  TORCH_CHECK_VALUE(count.dim() == 1 && count.size(0) == out_grad.size(0), "count must be [num_out=",
+                    out_grad.size(0), "], got ", count.sizes());
+  TORCH_CHECK_VALUE(num_in >= 0, "num_in must be >= 0, got ", num_in);
+  check_same_device(count, out_grad, "count", "out_grad");
+}
+
 }  // namespace ops
 }  // namespace spconv

@@ -49,6 +49,15 @@ ConvGeometry check_indice_pairs_args(const at::Tensor& indices, at::IntArrayRef 
                                      at::IntArrayRef out_shape, at::IntArrayRef ksize, at::IntArrayRef stride,
                                      at::IntArrayRef padding, at::IntArrayRef dilation, bool subm);
 
+// Pooling ops (CPU and GPU glue): features, pairs, sizes, dtypes and devices, before the pair rows are read.
+void check_pool_args(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
+                     const at::Tensor& pair_offsets, int64_t num_out);
+void check_maxpool_backward_args(const at::Tensor& features, const at::Tensor& out_features,
+                                 const at::Tensor& out_grad, const at::Tensor& pair_in, const at::Tensor& pair_out,
+                                 const at::Tensor& pair_offsets);
+void check_avgpool_backward_args(const at::Tensor& out_grad, const at::Tensor& count, const at::Tensor& pair_in,
+                                 const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_in);
+
 // indice_conv_backward: everything the forward checks, plus out_grad against the filters and features.
 void check_conv_backward_args(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& out_grad,
                               const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets);

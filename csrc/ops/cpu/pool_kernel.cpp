@@ -13,8 +13,7 @@ namespace {
 at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 // Pairs come from Python callers too (spconv.pytorch.ops), so their rows are range-checked before
-// any kernel indexes with them.
-// The pooling forwards' shared argument checks and operands: contiguous pairs, features in the compute
+// any kernel indexes with them. The pooling forwards' shared argument checks and operands: contiguous pairs, features in the compute
 // type, and a zeroed output.
 struct PoolOperands {
   at::Tensor pin, pout, po, x, out;
@@ -22,9 +21,7 @@ struct PoolOperands {
 
 PoolOperands pool_operands(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
                            const at::Tensor& pair_offsets, int64_t num_out) {
-  check_features(features, "features");
-  check_pairs(pair_in, pair_out, pair_offsets, features);
-  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+  check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
   PoolOperands o{pair_in.contiguous(), pair_out.contiguous(), pair_offsets.contiguous(), {}, {}};
   check_pair_rows(o.pin, o.pout, o.po, features.size(0), num_out);
   o.x = features.to(compute_type(features.scalar_type())).contiguous();
@@ -47,14 +44,7 @@ at::Tensor indice_maxpool_cpu(const at::Tensor& features, const at::Tensor& pair
 at::Tensor indice_maxpool_backward_cpu(const at::Tensor& features, const at::Tensor& out_features,
                                        const at::Tensor& out_grad, const at::Tensor& pair_in,
                                        const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
-  check_features(features, "features");
-  check_features(out_features, "out_features");
-  check_features(out_grad, "out_grad");
-  check_pairs(pair_in, pair_out, pair_offsets, features);
-  TORCH_CHECK_VALUE(out_features.sizes() == out_grad.sizes(), "out_grad must have the shape of out_features ",
-                    out_features.sizes(), ", got ", out_grad.sizes());
-  TORCH_CHECK_VALUE(out_features.size(1) == features.size(1), "out_features have ", out_features.size(1),
-                    " channels but features have ", features.size(1));
+  check_maxpool_backward_args(features, out_features, out_grad, pair_in, pair_out, pair_offsets);
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
   check_pair_rows(pin, pout, po, features.size(0), out_features.size(0));
   const auto ct = compute_type(features.scalar_type());
@@ -90,12 +80,7 @@ std::tuple<at::Tensor, at::Tensor> indice_avgpool_cpu(const at::Tensor& features
 at::Tensor indice_avgpool_backward_cpu(const at::Tensor& out_grad, const at::Tensor& count,
                                        const at::Tensor& pair_in, const at::Tensor& pair_out,
                                        const at::Tensor& pair_offsets, int64_t num_in) {
-  check_features(out_grad, "out_grad");
-  check_pairs(pair_in, pair_out, pair_offsets, out_grad);
-  TORCH_CHECK_TYPE(count.scalar_type() == at::kInt, "count must be int32, got ", count.scalar_type());
-  TORCH_CHECK_VALUE(count.dim() == 1 && count.size(0) == out_grad.size(0), "count must be [num_out=",
-                    out_grad.size(0), "], got ", count.sizes());
-  TORCH_CHECK_VALUE(num_in >= 0, "num_in must be >= 0, got ", num_in);
+  check_avgpool_backward_args(out_grad, count, pair_in, pair_out, pair_offsets, num_in);
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
   check_pair_rows(pin, pout, po, num_in, out_grad.size(0));
   at::Tensor cnt = count.contiguous();

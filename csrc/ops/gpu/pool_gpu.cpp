@@ -33,16 +33,9 @@ at::Tensor checked_host_offsets(const at::Tensor& pin, const at::Tensor& pout, c
   return host.offsets;
 }
 
-void check_same_device(const at::Tensor& t, const at::Tensor& ref, const char* name, const char* ref_name) {
-  TORCH_CHECK_VALUE(t.device() == ref.device(), name, " is on ", t.device(), " but ", ref_name, " on ",
-                    ref.device());
-}
-
 at::Tensor indice_maxpool_gpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
                               const at::Tensor& pair_offsets, int64_t num_out) {
-  check_features(features, "features");
-  check_pairs(pair_in, pair_out, pair_offsets, features);
-  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+  check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
   c10::DeviceGuard guard(features.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
   at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out);
@@ -60,16 +53,7 @@ at::Tensor indice_maxpool_gpu(const at::Tensor& features, const at::Tensor& pair
 at::Tensor indice_maxpool_backward_gpu(const at::Tensor& features, const at::Tensor& out_features,
                                        const at::Tensor& out_grad, const at::Tensor& pair_in,
                                        const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
-  check_features(features, "features");
-  check_features(out_features, "out_features");
-  check_features(out_grad, "out_grad");
-  check_pairs(pair_in, pair_out, pair_offsets, features);
-  TORCH_CHECK_VALUE(out_features.sizes() == out_grad.sizes(), "out_grad must have the shape of out_features ",
-                    out_features.sizes(), ", got ", out_grad.sizes());
-  TORCH_CHECK_VALUE(out_features.size(1) == features.size(1), "out_features have ", out_features.size(1),
-                    " channels but features have ", features.size(1));
-  check_same_device(out_features, features, "out_features", "features");
-  check_same_device(out_grad, features, "out_grad", "features");
+  check_maxpool_backward_args(features, out_features, out_grad, pair_in, pair_out, pair_offsets);
   c10::DeviceGuard guard(features.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
   at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), out_features.size(0));
@@ -95,9 +79,7 @@ at::Tensor indice_maxpool_backward_gpu(const at::Tensor& features, const at::Ten
 std::tuple<at::Tensor, at::Tensor> indice_avgpool_gpu(const at::Tensor& features, const at::Tensor& pair_in,
                                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets,
                                                       int64_t num_out) {
-  check_features(features, "features");
-  check_pairs(pair_in, pair_out, pair_offsets, features);
-  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+  check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
   c10::DeviceGuard guard(features.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
   at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out);
@@ -115,13 +97,7 @@ std::tuple<at::Tensor, at::Tensor> indice_avgpool_gpu(const at::Tensor& features
 at::Tensor indice_avgpool_backward_gpu(const at::Tensor& out_grad, const at::Tensor& count,
                                        const at::Tensor& pair_in, const at::Tensor& pair_out,
                                        const at::Tensor& pair_offsets, int64_t num_in) {
-  check_features(out_grad, "out_grad");
-  check_pairs(pair_in, pair_out, pair_offsets, out_grad);
-  TORCH_CHECK_TYPE(count.scalar_type() == at::kInt, "count must be int32, got ", count.scalar_type());
-  TORCH_CHECK_VALUE(count.dim() == 1 && count.size(0) == out_grad.size(0), "count must be [num_out=",
-                    out_grad.size(0), "], got ", count.sizes());
-  TORCH_CHECK_VALUE(num_in >= 0, "num_in must be >= 0, got ", num_in);
-  check_same_device(count, out_grad, "count", "out_grad");
+  check_avgpool_backward_args(out_grad, count, pair_in, pair_out, pair_offsets, num_in);
   c10::DeviceGuard guard(out_grad.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), cnt = count.contiguous();
   at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, num_in, out_grad.size(0), &cnt);
