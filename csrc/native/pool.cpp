@@ -14,19 +14,6 @@ namespace spconv {
 namespace native {
 
 namespace {
-// Pairs per task: enough work per task to amortise the scheduling, independent of the thread count.
-constexpr int64_t kPairGrain = 512;
-
-// Runs body(p) for every pair p of every offset, offsets strictly in order (average pooling).
-template <typename F>
-void for_each_pair_by_offset(const int64_t* offsets, int64_t kvol, const F& body) {
-  for (int64_t k = 0; k < kvol; ++k) {
-    at::parallel_for(offsets[k], offsets[k + 1], kPairGrain, [&](int64_t b, int64_t e) {
-      for (int64_t p = b; p < e; ++p) body(p);
-    });
-  }
-}
-
 // acc = src where src > acc or src is NaN: a NaN wins and sticks, as in dense max pooling. Written
 // branch-free so the compiler vectorises it.
 template <typename T>
@@ -189,20 +176,25 @@ void maxpool_backward(const T* x, const T* out, const T* dout, int64_t channels,
   });
 }
 
+// Average pooling walks each output (forward) or input (backward) row over its pairs in kernel-offset order:
+// the order the offset-by-offset loops summed in, so the bits are the same, for any thread count. Plain
+// loops (no AVX2 clone): an FMA would round the backward's multiply-add once instead of twice, unlike the
+// GPU kernels; the pass is memory-bound anyway.
 template <typename T>
 void avgpool_forward(const T* x, int64_t channels, int64_t num_out, const int32_t* pair_in,
                      const int32_t* pair_out, const int64_t* offsets, int64_t kvol, T* out, int32_t* count) {
-  for_each_pair_by_offset(offsets, kvol, [&](int64_t p) {
-    const T* src = x + static_cast<int64_t>(pair_in[p]) * channels;
-    T* dst = out + static_cast<int64_t>(pair_out[p]) * channels;
-    for (int64_t c = 0; c < channels; ++c) dst[c] += src[c];
-    ++count[pair_out[p]];
-  });
-  at::parallel_for(0, num_out, 1024, [&](int64_t b, int64_t e) {
-    for (int64_t o = b; o < e; ++o) {
+  const PairsByRow g = group_pairs_by_row(pair_out, pair_in, offsets, kvol, num_out);
+  at::parallel_for(0, num_out, row_grain(channels), [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      T* dst = out + o * channels;
+      for (int64_t j = g.start[o]; j < g.start[o + 1]; ++j) {
+        const T* src = x + static_cast<int64_t>(g.other[j]) * channels;
+        for (int64_t c = 0; c < channels; ++c) dst[c] += src[c];
+      }
+      count[o] = static_cast<int32_t>(g.start[o + 1] - g.start[o]);
       if (count[o] == 0) continue;
       const T inv = T(1) / static_cast<T>(count[o]);
-      for (int64_t c = 0; c < channels; ++c) out[o * channels + c] *= inv;
+      for (int64_t c = 0; c < channels; ++c) dst[c] *= inv;
     }
   });
 }
@@ -210,12 +202,18 @@ void avgpool_forward(const T* x, int64_t channels, int64_t num_out, const int32_
 template <typename T>
 void avgpool_backward(const T* dout, const int32_t* count, int64_t channels, const int32_t* pair_in,
                       const int32_t* pair_out, const int64_t* offsets, int64_t kvol, T* din) {
-  for_each_pair_by_offset(offsets, kvol, [&](int64_t p) {
-    const int64_t i = pair_in[p], o = pair_out[p];
-    const T inv = T(1) / static_cast<T>(count[o]);
-    const T* go = dout + o * channels;
-    T* gi = din + i * channels;
-    for (int64_t c = 0; c < channels; ++c) gi[c] += go[c] * inv;
+  const int64_t num_in = rows_reached(pair_in, offsets[kvol]);
+  const PairsByRow by_in = group_pairs_by_row(pair_in, pair_out, offsets, kvol, num_in);
+  at::parallel_for(0, num_in, row_grain(channels), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      T* gi = din + i * channels;
+      for (int64_t j = by_in.start[i]; j < by_in.start[i + 1]; ++j) {
+        const int64_t o = by_in.other[j];
+        const T inv = T(1) / static_cast<T>(count[o]);
+        const T* go = dout + o * channels;
+        for (int64_t c = 0; c < channels; ++c) gi[c] += go[c] * inv;
+      }
+    }
   });
 }
 
