@@ -48,12 +48,6 @@ void maxpool_rows_base(const T* x, int64_t c, const PairsByRow& g, int64_t o0, i
 // every output row is computed by one task).
 int64_t row_grain(int64_t channels) { return std::max<int64_t>(16, 8192 / std::max<int64_t>(channels, 1)); }
 
-int64_t rows_reached(const int32_t* rows, int64_t n) {
-  int32_t most = -1;
-  for (int64_t p = 0; p < n; ++p) most = std::max(most, rows[p]);
-  return int64_t{most} + 1;
-}
-
 // Max pool gradient routing. win[c] holds the kernel offset whose input took the gradient of channel c
 // (kNoWinner while none has): the first offset, in order, whose input equals the output.
 template <typename T>
@@ -137,9 +131,8 @@ void route_rows_base(const T* dout, int64_t c, const WinTag<T>* win, const Pairs
 }  // namespace
 
 template <typename T>
-void maxpool_forward(const T* x, int64_t channels, const int32_t* pair_in, const int32_t* pair_out,
-                     const int64_t* offsets, int64_t kvol, T* out) {
-  const int64_t num_out = rows_reached(pair_out, offsets[kvol]);
+void maxpool_forward(const T* x, int64_t channels, int64_t num_out, const int32_t* pair_in,
+                     const int32_t* pair_out, const int64_t* offsets, int64_t kvol, T* out) {
   const PairsByRow g = group_pairs_by_row(pair_out, pair_in, offsets, kvol, num_out);
   const bool avx2 = cpu_has_avx2_fma();
   at::parallel_for(0, num_out, row_grain(channels), [&](int64_t o0, int64_t o1) {
@@ -149,12 +142,11 @@ void maxpool_forward(const T* x, int64_t channels, const int32_t* pair_in, const
 }
 
 template <typename T>
-void maxpool_backward(const T* x, const T* out, const T* dout, int64_t channels, int64_t num_out,
+void maxpool_backward(const T* x, const T* out, const T* dout, int64_t channels, int64_t num_in, int64_t num_out,
                       const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets, int64_t kvol,
                       T* din) {
   using Tag = WinTag<T>;
   const int64_t n = offsets[kvol];
-  const int64_t num_in = rows_reached(pair_in, n);
   const PairsByRow g = group_pairs_by_row(pair_out, pair_in, offsets, kvol, num_out);
   const bool avx2 = cpu_has_avx2_fma();
   // Usual pooling (stride = kernel size): every input feeds one output, so each output row routes its own
@@ -200,9 +192,9 @@ void avgpool_forward(const T* x, int64_t channels, int64_t num_out, const int32_
 }
 
 template <typename T>
-void avgpool_backward(const T* dout, const int32_t* count, int64_t channels, const int32_t* pair_in,
-                      const int32_t* pair_out, const int64_t* offsets, int64_t kvol, T* din) {
-  const int64_t num_in = rows_reached(pair_in, offsets[kvol]);
+void avgpool_backward(const T* dout, const int32_t* count, int64_t channels, int64_t num_in,
+                      const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets, int64_t kvol,
+                      T* din) {
   const PairsByRow by_in = group_pairs_by_row(pair_in, pair_out, offsets, kvol, num_in);
   at::parallel_for(0, num_in, row_grain(channels), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -218,14 +210,14 @@ void avgpool_backward(const T* dout, const int32_t* count, int64_t channels, con
 }
 
 #define SPCONV_INSTANTIATE_POOL(T)                                                                           \
-  template void maxpool_forward<T>(const T*, int64_t, const int32_t*, const int32_t*, const int64_t*, int64_t, \
-                                   T*);                                                                      \
-  template void maxpool_backward<T>(const T*, const T*, const T*, int64_t, int64_t, const int32_t*,           \
+  template void maxpool_forward<T>(const T*, int64_t, int64_t, const int32_t*, const int32_t*, const int64_t*, \
+                                   int64_t, T*);                                                             \
+  template void maxpool_backward<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, const int32_t*,  \
                                     const int32_t*, const int64_t*, int64_t, T*);                             \
   template void avgpool_forward<T>(const T*, int64_t, int64_t, const int32_t*, const int32_t*, const int64_t*, \
                                    int64_t, T*, int32_t*);                                                   \
-  template void avgpool_backward<T>(const T*, const int32_t*, int64_t, const int32_t*, const int32_t*,        \
-                                    const int64_t*, int64_t, T*);
+  template void avgpool_backward<T>(const T*, const int32_t*, int64_t, int64_t, const int32_t*,              \
+                                    const int32_t*, const int64_t*, int64_t, T*);
 
 SPCONV_INSTANTIATE_POOL(float)
 SPCONV_INSTANTIATE_POOL(double)

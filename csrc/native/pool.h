@@ -1,8 +1,7 @@
 // Native pooling over a kernel map (pairs grouped by kernel offset, see schema.cpp).
-// Max pooling walks each output row's pairs in offset order (pairs regrouped by output row), so every
+// Each output (or input) row walks its pairs in offset order (pairs regrouped by that row), so every
 // result, including which input receives a max-pool gradient, is independent of the thread count.
-// Average pooling runs offset by offset: within one offset every output row and every input row
-// appears at most once, so its pairs run in parallel without races, and offsets run in order.
+// num_in / num_out bound the pair rows (the glue has checked them).
 #pragma once
 #include <cstdint>
 
@@ -12,14 +11,14 @@ namespace native {
 // out [num_out, C] must be zero on entry: spconv's max pool starts every output at 0, so the
 // result is max(0, max over the window's active inputs).
 template <typename T>
-void maxpool_forward(const T* x, int64_t channels, const int32_t* pair_in, const int32_t* pair_out,
-                     const int64_t* offsets, int64_t kvol, T* out);
+void maxpool_forward(const T* x, int64_t channels, int64_t num_out, const int32_t* pair_in,
+                     const int32_t* pair_out, const int64_t* offsets, int64_t kvol, T* out);
 
 // din [num_in, C] zero on entry. For every (output, channel) the gradient goes to the input of the
 // first kernel offset (window raster order, as torch's max_pool) whose value equals the output;
 // none goes anywhere when the output is the clamp's 0 and no input equals it.
 template <typename T>
-void maxpool_backward(const T* x, const T* out, const T* dout, int64_t channels, int64_t num_out,
+void maxpool_backward(const T* x, const T* out, const T* dout, int64_t channels, int64_t num_in, int64_t num_out,
                       const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets, int64_t kvol,
                       T* din);
 
@@ -31,8 +30,9 @@ void avgpool_forward(const T* x, int64_t channels, int64_t num_out, const int32_
 
 // din [num_in, C] zero on entry: din[i] += dout[o] / count[o] over the pairs.
 template <typename T>
-void avgpool_backward(const T* dout, const int32_t* count, int64_t channels, const int32_t* pair_in,
-                      const int32_t* pair_out, const int64_t* offsets, int64_t kvol, T* din);
+void avgpool_backward(const T* dout, const int32_t* count, int64_t channels, int64_t num_in,
+                      const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets, int64_t kvol,
+                      T* din);
 
 }  // namespace native
 }  // namespace spconv

@@ -12,9 +12,8 @@ namespace {
 
 at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-// Pairs come from Python callers too (spconv.pytorch.ops), so their rows are range-checked before
-// any kernel indexes with them. The pooling forwards' shared argument checks and operands: contiguous pairs, features in the compute
-// type, and a zeroed output.
+// The pooling forwards' shared argument checks and operands: contiguous pairs (range-checked: they come from
+// Python callers too), features in the compute type, and a zeroed output.
 struct PoolOperands {
   at::Tensor pin, pout, po, x, out;
 };
@@ -34,9 +33,9 @@ at::Tensor indice_maxpool_cpu(const at::Tensor& features, const at::Tensor& pair
   auto [pin, pout, po, x, out] = pool_operands(features, pair_in, pair_out, pair_offsets, num_out);
   const auto ct = x.scalar_type();
   AT_DISPATCH_FLOATING_TYPES(ct, "indice_maxpool", [&] {
-    native::maxpool_forward<scalar_t>(x.const_data_ptr<scalar_t>(), x.size(1), pin.const_data_ptr<int32_t>(),
-                                      pout.const_data_ptr<int32_t>(), po.const_data_ptr<int64_t>(),
-                                      po.size(0) - 1, out.mutable_data_ptr<scalar_t>());
+    native::maxpool_forward<scalar_t>(x.const_data_ptr<scalar_t>(), x.size(1), num_out,
+                                      pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                      po.const_data_ptr<int64_t>(), po.size(0) - 1, out.mutable_data_ptr<scalar_t>());
   });
   return out.to(features.scalar_type());
 }
@@ -54,7 +53,7 @@ at::Tensor indice_maxpool_backward_cpu(const at::Tensor& features, const at::Ten
   at::Tensor dx = at::zeros_like(x);
   AT_DISPATCH_FLOATING_TYPES(ct, "indice_maxpool_backward", [&] {
     native::maxpool_backward<scalar_t>(x.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(),
-                                       dy.const_data_ptr<scalar_t>(), x.size(1), y.size(0),
+                                       dy.const_data_ptr<scalar_t>(), x.size(1), x.size(0), y.size(0),
                                        pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
                                        po.const_data_ptr<int64_t>(), po.size(0) - 1,
                                        dx.mutable_data_ptr<scalar_t>());
@@ -94,7 +93,7 @@ at::Tensor indice_avgpool_backward_cpu(const at::Tensor& out_grad, const at::Ten
   at::Tensor dx = at::zeros({num_in, out_grad.size(1)}, dy.options());
   AT_DISPATCH_FLOATING_TYPES(ct, "indice_avgpool_backward", [&] {
     native::avgpool_backward<scalar_t>(dy.const_data_ptr<scalar_t>(), cnt.const_data_ptr<int32_t>(), dy.size(1),
-                                       pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
+                                       num_in, pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
                                        po.const_data_ptr<int64_t>(), po.size(0) - 1,
                                        dx.mutable_data_ptr<scalar_t>());
   });
