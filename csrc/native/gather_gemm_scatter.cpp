@@ -268,10 +268,6 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
     if (sg.slot >= 0) dw[sg.k].add_(part[sg.slot]);
 }
 
-}  // namespace
-
-namespace {
-
 // Backward in one pass over blocks of input rows (dY gathered once per pair for both products, and a block's
 // X and dX rows stay in cache across its offsets). dW is split by runs of consecutive blocks ("groups") of
 // about equal pair counts: each group sums its products into a partial of its own, then the partials are
