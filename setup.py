@@ -5,6 +5,8 @@ Environment:
   SPCONV_HIP_ARCHS or PYTORCH_ROCM_ARCH         AMD/Hygon targets, e.g. "gfx906;gfx90a"
   TORCH_CUDA_ARCH_LIST                          NVIDIA targets, e.g. "8.0;9.0"
   SPCONV_CPU_ONLY=1                             skip the GPU kernels even with a GPU torch
+  SPCONV_SKIP_EXTENSION=1                       package only, around an extension already built in place
+                                                (tools/build_inplace.py: incremental builds, editable install)
 """
 import glob
 import os
@@ -22,7 +24,7 @@ VERSION = open(os.path.join(ROOT, "spconv", "_version.py")).read().split("\"")[1
 
 
 def sources(pattern):
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern), recursive=True))
 
 
 def gpu_backend():
@@ -66,6 +68,8 @@ else:
 ext = CppExtension(
     "spconv._C_hip",
     ext_sources,
+    # Headers too: without them an edit to a header alone would leave an in-place build "up to date".
+    depends=sources("csrc/**/*.h"),
     include_dirs=[os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")],
     define_macros=macros,
     extra_compile_args={"cxx": cxx_flags},
@@ -77,7 +81,7 @@ setup(
     version=VERSION,
     description="Sparse convolution for PyTorch (spconv 2.x API) with HIP GPU kernels and a native C++ route",
     packages=find_packages(include=["spconv", "spconv.*"]),
-    ext_modules=[ext],
+    ext_modules=[] if os.environ.get("SPCONV_SKIP_EXTENSION") == "1" else [ext],
     cmdclass={"build_ext": build_ext_cls},
     python_requires=">=3.9",
     install_requires=["numpy"],

@@ -18,11 +18,8 @@ if [ -z "$NVCC" ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; th
 if [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ]; then NVCC=/usr/local/cuda/bin/nvcc; fi
 HIPCC=${HIPCC:-$(command -v hipcc || true)}
 if [ -z "$HIPCC" ] && [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ]; then
-  echo "compile_check_gpu: hipcc not found, installing hipcc + libamdhip64-dev"
-  if command -v apt-get >/dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq hipcc libamdhip64-dev) >"$OUT/apt.log" 2>&1 \
-      || { tail -20 "$OUT/apt.log"; }
-  fi
+  echo "compile_check_gpu: hipcc not found, installing it"
+  bash tools/install_system_deps.sh || true
   HIPCC=$(command -v hipcc || true)
 fi
 CXX=${CXX:-g++}
@@ -43,7 +40,7 @@ for f in csrc/hip/*.cu; do
   fi
 done
 
-TORCH_INC=$(python3 -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))" 2>/dev/null || true)
+TORCH_INC=$(${PYTHON:-python3} -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))" 2>/dev/null || true)
 if [ -n "$TORCH_INC" ]; then
   for f in csrc/ops/gpu/*.cpp; do
     [ -e "$f" ] || continue

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Installs what the build and tests need, only where it is missing, then builds spconv._C_hip in place.
-# torch: a CPU, CUDA, ROCm or DTK build already installed is used as is; with none, the CPU build
+# Installs what the build, tests and benchmark need, only where it is missing, then builds spconv._C_hip in
+# place. torch: a CPU, CUDA, ROCm or DTK build already installed is used as is; with none, the CPU build
 # torch==2.13.0 is installed (an unpinned `torch` would download a CUDA build of several GB).
+# The build is incremental (ninja objects kept under build/) and skipped when nothing it depends on changed
+# (tools/build_inplace.py keeps a stamp of the sources, flags and torch version).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
-for mod in numpy pytest hypothesis ninja; do
-  $PY -c "import $mod" 2>/dev/null || $PY -m pip install -q "$mod"
+# import name:pip name. tqdm and matplotlib give the benchmark its progress bar and plot.
+for pkg in numpy:numpy pytest:pytest hypothesis:hypothesis ninja:ninja setuptools:setuptools wheel:wheel \
+           tqdm:tqdm matplotlib:matplotlib; do
+  $PY -c "import ${pkg%%:*}" 2>/dev/null || $PY -m pip install -q "${pkg##*:}"
 done
-# Build against the installed torch (no build isolation: an isolated build would fetch another torch).
-$PY -m pip install -q --no-build-isolation -e . >/dev/null
+$PY tools/build_inplace.py
 $PY -m spconv --info >/dev/null
