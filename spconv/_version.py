@@ -1,2 +1,5 @@
-# The spconv 2.x API this package mirrors, plus this project's own development tag.
-__version__ = "2.4.0.dev0"
+# The version clients parse: plain "2.N.M" digits only (OpenPCDet reads float(__version__[2:]), spconv 2.x
+# code splits it into ints, mmdetection3d compares it as a string). setup.py reads the first quoted string.
+__version__ = "2.4.0"
+# This project's development marker, kept out of __version__ so the parsers above keep working.
+__dev_tag__ = "dev0"
