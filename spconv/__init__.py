@@ -1,5 +1,9 @@
 """spconv: sparse convolution for PyTorch with the spconv 2.x API (``import spconv.pytorch as spconv``)."""
 from spconv._version import __dev_tag__, __version__
+from spconv import _cumm
+
+# Serves the cumm stand-in where no real cumm is importable (an install also does this at interpreter start).
+_cumm.install()
 from spconv import constants
 from spconv.core import AlgoHint, ConvAlgo
 from spconv._backend import build_info
