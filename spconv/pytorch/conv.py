@@ -21,6 +21,7 @@ from spconv.pytorch import _checkpoint, ops
 # ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
 from spconv.pytorch.core import (ImplicitGemmIndiceData, IndiceData, SparseConvTensor,  # noqa: F401
                                  check_unique_indices, expand_nd)
+from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
 from spconv.pytorch.functional import conv_features, weight_to_filters
 from spconv.pytorch.modules import SparseModule
 

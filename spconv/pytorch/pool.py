@@ -24,6 +24,7 @@ import torch
 
 from spconv.core import ConvAlgo
 from spconv.pytorch import _checkpoint, ops
+from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
 # ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
 from spconv.pytorch.core import ImplicitGemmIndiceData, IndiceData, SparseConvTensor, expand_nd  # noqa: F401
 from spconv.pytorch.modules import SparseModule

@@ -1,0 +1,209 @@
+"""Small networks built the way OpenPCDet, mmdetection3d, Pointcept and CenterPoint build theirs from spconv 2.x
+(this project's own code: the layer patterns, argument styles and tensor plumbing they use, at test sizes).
+
+Standalone (torch and the ``sp`` module passed in), so the same definitions run on this package and, through
+reference_worker.py, on the real spconv 2.3.8.
+"""
+import torch
+from torch import nn
+
+
+def _norm(c):
+    return nn.BatchNorm1d(c, eps=1e-3, momentum=0.01)
+
+
+def _act_block(sp, cin, cout, k, indice_key, kind="subm", stride=1, padding=0):
+    """conv -> BatchNorm1d -> ReLU in a SparseSequential (OpenPCDet's post_act_block, mmdet3d's conv module)."""
+    if kind == "subm":
+        conv = sp.SubMConv3d(cin, cout, k, bias=False, indice_key=indice_key)
+    elif kind == "spconv":
+        conv = sp.SparseConv3d(cin, cout, k, stride=stride, padding=padding, bias=False, indice_key=indice_key)
+    else:
+        conv = sp.SparseInverseConv3d(cin, cout, k, indice_key=indice_key, bias=False)
+    return sp.SparseSequential(conv, _norm(cout), nn.ReLU())
+
+
+class PcdetBackbone8x(nn.Module):
+    """Voxel backbone: SubM stem, three stride-2 stages sharing subm keys per resolution, a (3,1,1) z-squeeze."""
+
+    def __init__(self, sp, cin):
+        super().__init__()
+        self.conv_input = sp.SparseSequential(sp.SubMConv3d(cin, 8, 3, padding=1, bias=False, indice_key="subm1"),
+                                              _norm(8), nn.ReLU())
+        self.conv1 = sp.SparseSequential(_act_block(sp, 8, 8, 3, "subm1"))
+        self.conv2 = sp.SparseSequential(_act_block(sp, 8, 16, 3, "spconv2", "spconv", 2, 1),
+                                         _act_block(sp, 16, 16, 3, "subm2"), _act_block(sp, 16, 16, 3, "subm2"))
+        self.conv3 = sp.SparseSequential(_act_block(sp, 16, 16, 3, "spconv3", "spconv", 2, (0, 1, 1)),
+                                         _act_block(sp, 16, 16, 3, "subm3"))
+        self.conv_out = sp.SparseSequential(
+            sp.SparseConv3d(16, 32, (3, 1, 1), stride=(2, 1, 1), padding=0, bias=False, indice_key="spconv_down2"),
+            _norm(32), nn.ReLU())
+
+    def forward(self, x):
+        x1 = self.conv1(self.conv_input(x))
+        x2 = self.conv2(x1)
+        x3 = self.conv3(x2)
+        out = self.conv_out(x3)
+        dense = out.dense()
+        n, c, d, h, w = dense.shape
+        return {"x_conv2": x2, "x_conv3": x3, "bev": dense.view(n, c * d, h, w)}
+
+
+class PcdetUNet(nn.Module):
+    """U-Net: lateral SubM, concat, SubM, channel reduction by summing groups, residual add, inverse conv up."""
+
+    def __init__(self, sp, cin):
+        super().__init__()
+        self.conv1 = sp.SparseSequential(sp.SubMConv3d(cin, 8, 3, padding=1, bias=False, indice_key="subm1"),
+                                         _norm(8), nn.ReLU())
+        self.conv2 = sp.SparseSequential(_act_block(sp, 8, 16, 3, "spconv2", "spconv", 2, 1),
+                                         _act_block(sp, 16, 16, 3, "subm2"))
+        self.lateral = _act_block(sp, 16, 16, 3, "subm2")
+        self.merge = _act_block(sp, 32, 16, 3, "subm2")
+        self.up = _act_block(sp, 16, 8, 3, "spconv2", "inverse")
+        self.lateral1 = _act_block(sp, 8, 8, 3, "subm1")
+        self.merge1 = _act_block(sp, 16, 8, 3, "subm1")
+        self.head = sp.SubMConv3d(8, 3, 1, bias=True, indice_key="subm1")
+
+    @staticmethod
+    def _reduce(x, out_channels):
+        f = x.features
+        return x.replace_feature(f.view(f.shape[0], out_channels, -1).sum(dim=2))
+
+    def _up(self, lateral, merge, bottom, lateral_in):
+        trans = lateral(lateral_in)
+        cat = trans.replace_feature(torch.cat((bottom.features, trans.features), dim=1))
+        merged = merge(cat)
+        reduced = self._reduce(cat, merged.features.shape[1])
+        return merged.replace_feature(merged.features + reduced.features)
+
+    def forward(self, x):
+        x1 = self.conv1(x)
+        x2 = self.conv2(x1)
+        y2 = self._up(self.lateral, self.merge, x2, x2)
+        y1 = self.up(y2)
+        y1 = self._up(self.lateral1, self.merge1, x1, y1)
+        return {"seg": self.head(y1)}
+
+
+class MmdetSparseEncoder(nn.Module):
+    """SparseEncoder: conv-norm-act modules, stride-2 SparseConv3d stages with tuple padding, then BEV."""
+
+    def __init__(self, sp, cin):
+        super().__init__()
+        self.conv_input = _act_block(sp, cin, 8, 3, "subm1")
+        self.layers = sp.SparseSequential(
+            _act_block(sp, 8, 8, 3, "subm1"),
+            _act_block(sp, 8, 16, 3, "spconv2", "spconv", 2, 1), _act_block(sp, 16, 16, 3, "subm2"),
+            _act_block(sp, 16, 16, 3, "spconv3", "spconv", 2, (0, 1, 1)), _act_block(sp, 16, 16, 3, "subm3"))
+        self.conv_out = _act_block(sp, 16, 32, (3, 1, 1), "spconv_down2", "spconv", (2, 1, 1), 0)
+
+    def forward(self, x):
+        out = self.conv_out(self.layers(self.conv_input(x)))
+        dense = out.dense()
+        n, c, d, h, w = dense.shape
+        return {"bev": dense.view(n, c * d, h, w)}
+
+
+class PointceptSpUNet(nn.Module):
+    """SpUNet: kernel-5 stem, PTv3-style SubM positional encoding added to the features, kernel-2 stride-2 down,
+    kernel-2 inverse up with concat skip, and a kernel-1 SubM head with padding (spconv ignores it)."""
+
+    def __init__(self, sp, cin):
+        super().__init__()
+        self.stem = sp.SparseSequential(sp.SubMConv3d(cin, 8, 5, padding=1, bias=False, indice_key="stem"),
+                                        _norm(8), nn.ReLU())
+        self.cpe = sp.SparseSequential(sp.SubMConv3d(8, 8, 3, bias=True, indice_key="cpe"), nn.Linear(8, 8),
+                                       nn.LayerNorm(8))
+        self.down = sp.SparseSequential(sp.SparseConv3d(8, 16, 2, stride=2, bias=False, indice_key="spconv1"),
+                                        _norm(16), nn.ReLU())
+        self.enc = _act_block(sp, 16, 16, 3, "subm1")
+        self.up = sp.SparseSequential(sp.SparseInverseConv3d(16, 8, 2, indice_key="spconv1", bias=False),
+                                      _norm(8), nn.ReLU())
+        self.dec = _act_block(sp, 16, 8, 3, "subm0")
+        self.final = sp.SubMConv3d(8, 4, kernel_size=1, padding=1, bias=True)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x.replace_feature(x.features + self.cpe(x).features)
+        skip = x
+        x = self.up(self.enc(self.down(x)))
+        x = x.replace_feature(torch.cat((x.features, skip.features), dim=1))
+        return {"seg": self.final(self.dec(x))}
+
+
+class CenterPointResNet(nn.Module):
+    """Residual SubM blocks (add through replace_feature), biased SubM convs, stride-2 downs, a (3,1,1) squeeze."""
+
+    def __init__(self, sp, cin):
+        super().__init__()
+        self.sp = sp
+        self.stem = sp.SparseSequential(sp.SubMConv3d(cin, 8, 3, bias=False, indice_key="res0"), _norm(8),
+                                        nn.ReLU())
+        self.b1a, self.b1b = self._pair(8, "res0")
+        self.down = _act_block(sp, 8, 16, 3, None, "spconv", 2, 1)
+        self.b2a, self.b2b = self._pair(16, "res1")
+        self.out = sp.SparseSequential(sp.SparseConv3d(16, 16, (3, 1, 1), (2, 1, 1), bias=False), _norm(16),
+                                       nn.ReLU())
+
+    def _pair(self, c, key):
+        a = self.sp.SparseSequential(self.sp.SubMConv3d(c, c, 3, padding=1, bias=True, indice_key=key), _norm(c),
+                                     nn.ReLU())
+        b = self.sp.SparseSequential(self.sp.SubMConv3d(c, c, 3, padding=1, bias=True, indice_key=key), _norm(c))
+        return a, b
+
+    @staticmethod
+    def _residual(a, b, x):
+        out = b(a(x))
+        out = out.replace_feature(out.features + x.features)
+        return out.replace_feature(torch.relu(out.features))
+
+    def forward(self, x):
+        x = self._residual(self.b1a, self.b1b, self.stem(x))
+        x = self._residual(self.b2a, self.b2b, self.down(x))
+        return {"bev": self.out(x).dense()}
+
+
+class PoolsAndTransposed(nn.Module):
+    """Max pool with an indice_key undone by an inverse conv, a transposed conv, a voxel-counting conv, ToDense."""
+
+    def __init__(self, sp, cin):
+        super().__init__()
+        self.pool = sp.SparseMaxPool3d(2, 2, indice_key="mp")
+        self.conv = sp.SubMConv3d(cin, 8, 3, bias=False, indice_key="s")
+        self.unpool = sp.SparseInverseConv3d(8, 8, 2, indice_key="mp", bias=False)
+        self.count = sp.SparseConv3d(8, 8, 3, 2, 1, bias=False, record_voxel_count=True)
+        self.trans = sp.SparseConvTranspose3d(8, 4, 3, 2, bias=False)
+        self.dense = sp.ToDense()
+
+    def forward(self, x):
+        y = self.unpool(self.conv(self.pool(x)))
+        z = self.trans(self.count(y))
+        return {"unpooled": y, "transposed": z, "dense": self.dense(z)}
+
+
+BUILDERS = {"pcdet_backbone8x": PcdetBackbone8x, "pcdet_unet": PcdetUNet, "mmdet3d_encoder": MmdetSparseEncoder,
+            "pointcept_spunet": PointceptSpUNet, "centerpoint_resnet": CenterPointResNet,
+            "pools_transposed": PoolsAndTransposed}
+
+
+def eval_mode(sp, net):
+    """BatchNorm in eval, the sparse convs in train mode: spconv 2.3.8's CPU build refuses a bias in eval."""
+    net.eval()
+    for m in net.modules():
+        if isinstance(m, sp.conv.SparseConvolution):
+            m.train()
+    return net
+
+
+def output_arrays(sp, outputs):
+    """Flat numpy arrays of a network's dict of outputs (sparse: features, indices, spatial_shape)."""
+    arrays = {}
+    for name, y in outputs.items():
+        if isinstance(y, sp.SparseConvTensor):
+            arrays[f"{name}.features"] = y.features.detach().cpu().numpy()
+            arrays[f"{name}.indices"] = y.indices.cpu().numpy()
+            arrays[f"{name}.spatial_shape"] = torch.tensor(list(y.spatial_shape)).numpy()
+        else:
+            arrays[f"{name}.dense"] = y.detach().cpu().numpy()
+    return arrays
