@@ -165,7 +165,7 @@ class CenterPointResNet(nn.Module):
 
 
 class PoolsAndTransposed(nn.Module):
-    """Max pool with an indice_key undone by an inverse conv, a transposed conv, a voxel-counting conv, ToDense."""
+    """Max pool with an indice_key undone by an inverse conv, a voxel-counting conv, a transposed conv, ToDense."""
 
     def __init__(self, sp, cin):
         super().__init__()
@@ -173,18 +173,56 @@ class PoolsAndTransposed(nn.Module):
         self.conv = sp.SubMConv3d(cin, 8, 3, bias=False, indice_key="s")
         self.unpool = sp.SparseInverseConv3d(8, 8, 2, indice_key="mp", bias=False)
         self.count = sp.SparseConv3d(8, 8, 3, 2, 1, bias=False, record_voxel_count=True)
-        self.trans = sp.SparseConvTranspose3d(8, 4, 3, 2, bias=False)
+        self.pool2 = sp.SparseMaxPool3d(3, 2, padding=1)
+        self.trans = sp.SparseConvTranspose3d(8, 4, 2, 2, bias=False)
         self.dense = sp.ToDense()
 
     def forward(self, x):
         y = self.unpool(self.conv(self.pool(x)))
-        z = self.trans(self.count(y))
-        return {"unpooled": y, "transposed": z, "dense": self.dense(z)}
+        p = self.pool2(self.count(y))
+        return {"unpooled": y, "transposed": self.trans(p), "pooled_dense": self.dense(p)}
 
 
 BUILDERS = {"pcdet_backbone8x": PcdetBackbone8x, "pcdet_unet": PcdetUNet, "mmdet3d_encoder": MmdetSparseEncoder,
             "pointcept_spunet": PointceptSpUNet, "centerpoint_resnet": CenterPointResNet,
             "pools_transposed": PoolsAndTransposed}
+
+
+def make_input(sp, cin=4, shape=(17, 16, 16), batch_size=2, n_per_batch=200, dtype=torch.float64, seed=0):
+    """A LiDAR-like input: distinct sites per batch entry, features from numpy's legacy generator (its stream is
+    fixed across numpy versions, so both interpreters build the same tensor)."""
+    import numpy as np
+    rs = np.random.RandomState(seed)
+    volume = int(np.prod(shape))
+    rows = []
+    for b in range(batch_size):
+        flat = rs.choice(volume, n_per_batch, replace=False)
+        rows.append(np.stack([np.full_like(flat, b), *np.unravel_index(flat, shape)], axis=1))
+    indices = torch.from_numpy(np.concatenate(rows).astype(np.int32))
+    features = torch.from_numpy(rs.uniform(-1, 1, size=(len(indices), cin))).to(dtype)
+    return sp.SparseConvTensor(features, indices, list(shape), batch_size)
+
+
+def deterministic_state(net, dtype=torch.float64):
+    """Every parameter and float buffer from a fixed formula (no RNG): weights ~ +-1/sqrt(fan_in), BatchNorm
+    running stats away from the identity so that they matter."""
+    state = {}
+    for i, (key, value) in enumerate(net.state_dict().items()):
+        if not value.is_floating_point():
+            state[key] = value.clone()
+            continue
+        n = value.numel()
+        wave = torch.sin(torch.arange(n, dtype=torch.float64) * 0.7071 + 1.3 * i).reshape(value.shape)
+        if key.endswith("running_var"):
+            v = 1.0 + 0.5 * wave ** 2
+        elif key.endswith("running_mean") or key.endswith("bias"):
+            v = 0.2 * wave
+        elif value.dim() == 1:  # norm weight
+            v = 1.0 + 0.3 * wave
+        else:
+            v = wave / (n / value.shape[0]) ** 0.5
+        state[key] = v.to(dtype)
+    return state
 
 
 def eval_mode(sp, net):

@@ -165,27 +165,24 @@ def collect_facts():
 
 
 def run_forward(job_dir, job):
-    """Builds each named client network, loads the given weights, runs the given input; saves the outputs."""
+    """Builds each named client network with client_nets' fixed weights and input; saves its outputs."""
     import numpy as np
     import torch
     import spconv.pytorch as sp
     nets = _load_sibling("client_nets")
     torch.set_num_threads(1)  # spconv 2.3.8's CPU scatter-add races under more threads
-    out = {}
-    for name in job["nets"]:
-        with np.load(os.path.join(job_dir, f"in_{name}.npz")) as d:
-            arrays = {k: d[k] for k in d.files}
-        dtype = getattr(torch, job["dtype"])
-        net = nets.BUILDERS[name](sp, int(arrays["features"].shape[1]))
-        net.load_state_dict({k[2:]: torch.from_numpy(v) for k, v in arrays.items() if k.startswith("w:")})
-        net = nets.eval_mode(sp, net.to(dtype))
-        x = sp.SparseConvTensor(torch.from_numpy(arrays["features"]).to(dtype), torch.from_numpy(arrays["indices"]),
-                                [int(s) for s in arrays["spatial_shape"]], int(arrays["batch_size"]))
-        with torch.no_grad():
-            y = net(x)
-        np.savez(os.path.join(job_dir, f"out_{name}.npz"), **nets.output_arrays(sp, y))
-        out[name] = "ok"
-    return out
+    for dtype_name in job["dtypes"]:
+        dtype = getattr(torch, dtype_name)
+        arrays = {}
+        for name in job["nets"]:
+            net = nets.BUILDERS[name](sp, 4)
+            net.load_state_dict(nets.deterministic_state(net))
+            net = nets.eval_mode(sp, net.to(dtype))
+            with torch.no_grad():
+                out = net(nets.make_input(sp, dtype=dtype))
+            arrays.update({f"{name}/{k}": v for k, v in nets.output_arrays(sp, out).items()})
+        np.savez_compressed(os.path.join(job_dir, f"forward_{dtype_name}.npz"), **arrays)
+    return {"nets": job["nets"], "dtypes": job["dtypes"]}
 
 
 def run_voxels(job_dir, job):
