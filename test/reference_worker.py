@@ -118,6 +118,13 @@ def _value(v):
     return f"<{type(v).__name__}>"
 
 
+def _float_or_none(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def collect_facts():
     import numpy as np
     import torch
@@ -127,9 +134,11 @@ def collect_facts():
     ns = {"sp": sp, "torch": torch, "ConvAlgo": ConvAlgo}
     facts = {}
     v = spconv.__version__
+    digits = [int(x) for x in v.split(".")] if re.fullmatch(r"[\d.]+", v) else None
     facts["version"] = {"digits_only": bool(re.fullmatch(r"\d+\.\d+\.\d+", v)),
-                        "numbers": list(getattr(spconv, "SPCONV_VERSION_NUMBERS", [])) == [int(x) for x in v.split(".")],
-                        "openpcdet_float_ge_2_2": float(v[2:]) >= 2.2, "mmdet3d_str_ge_2_0_0": v >= "2.0.0"}
+                        "numbers": list(getattr(spconv, "SPCONV_VERSION_NUMBERS", [])) == digits,
+                        "openpcdet_float_ge_2_2": _float_or_none(v[2:]) is not None and float(v[2:]) >= 2.2,
+                        "mmdet3d_str_ge_2_0_0": v >= "2.0.0"}
     classes = {f"spconv.pytorch.{n}": getattr(sp, n) for n in dir(sp)
                if inspect.isclass(getattr(sp, n)) and getattr(getattr(sp, n), "__module__", "").startswith("spconv")}
     classes.update({p: _resolve(p) for p in EXTRA_SIGNATURE_CLASSES})
