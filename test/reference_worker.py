@@ -47,6 +47,11 @@ REPR_SPECS = [
     "sp.ToDense()", "sp.RemoveGrid()", "sp.JoinTable()", "sp.AddTable()", "sp.ConcatTable()",
     "sp.SparseSequential(sp.SubMConv3d(4, 16, 3, bias=False, indice_key='subm1', algo=ConvAlgo.Native), "
     "torch.nn.BatchNorm1d(16), torch.nn.ReLU())",
+    # the base class, with a fused activation (cumm's tv.gemm.Activation) and a transposed output_padding
+    "sp.conv.SparseConvolution(3, 4, 8, 3, subm=True, act_type=tv.gemm.Activation.ReLU, algo=ConvAlgo.Native)",
+    "sp.conv.SparseConvolution(3, 4, 8, 3, subm=True, act_type=tv.gemm.Activation.LeakyReLU, act_alpha=0.1, "
+    "algo=ConvAlgo.Native)",
+    "sp.conv.SparseConvolution(2, 4, 8, 2, stride=2, transposed=True, output_padding=1, algo=ConvAlgo.Native)",
 ]
 # Built with the default algo: compared with the algo left out (the CPU-only build forces Native).
 DEFAULT_ALGO_REPR_SPECS = [
@@ -131,7 +136,8 @@ def collect_facts():
     import spconv
     import spconv.pytorch as sp
     from spconv.core import ConvAlgo
-    ns = {"sp": sp, "torch": torch, "ConvAlgo": ConvAlgo}
+    import cumm.tensorview as tv  # the real cumm beside spconv 2.3.8; this package's stand-in here
+    ns = {"sp": sp, "torch": torch, "ConvAlgo": ConvAlgo, "tv": tv}
     facts = {}
     v = spconv.__version__
     digits = [int(x) for x in v.split(".")] if re.fullmatch(r"[\d.]+", v) else None

@@ -8,7 +8,6 @@ test/data/spconv238_client_outputs.npz by reference_worker.py with the same weig
 """
 import os
 import re
-import tempfile
 
 import numpy as np
 import pytest
@@ -279,6 +278,47 @@ def test_voxel_counter_checkpoints_load_both_ways():
     assert int(fresh.get_max_num_voxels()) == max(11, fresh(x).indices.shape[0])
 
 
+# Synthetic xyz + intensity points and generator settings whose spconv 2.3.8 results are in
+# test/data/spconv238_voxels.npz (a cap that binds, 2-D, and 4-D with intensity as the fourth axis).
+VOXELS_CAPTURED = os.path.join(HERE, "data", "spconv238_voxels.npz")
+VOXEL_CONFIGS = [[3, [0.8, 0.8, 0.5], [-10, -10, -2, 10, 10, 1], 20000, 5],
+                 [3, [2.0, 2.0, 5.0], [-12, -12, -3, 12, 12, 2], 100, 8],
+                 [2, [1.5, 1.5], [-12, -12, 12, 12], 5000, 3],
+                 [4, [2, 2, 1, 0.5], [-12, -12, -3, 0, 12, 12, 2, 1], 5000, 4]]
+
+
+def _voxel_points():
+    rs = np.random.RandomState(5)  # numpy's legacy stream: fixed across versions
+    xyz = rs.uniform([-12, -12, -3], [12, 12, 2], size=(3000, 3))
+    return np.concatenate([xyz, rs.uniform(0, 1, size=(3000, 1))], 1).astype(np.float32)
+
+
+def _voxelize(points, configs):
+    """OpenPCDet's data-processor call: Point2VoxelCPU*(...).point_to_voxel(tv.from_numpy(points)), .numpy()."""
+    import cumm.tensorview as tv
+    import spconv.utils as su
+    out = []
+    for ndim, vsize, rng, max_voxels, max_points in configs:
+        gen = getattr(su, f"Point2VoxelCPU{ndim}d")(vsize, rng, points.shape[1], max_voxels, max_points)
+        results = gen.point_to_voxel(tv.from_numpy(points))
+        assert all(isinstance(r, tv.Tensor) for r in results)
+        out.append(dict(zip(("voxels", "coords", "num"), (r.numpy() for r in results)), grid_size=gen.grid_size))
+    return out
+
+
+def _check_voxels(mine, ref):
+    assert mine["grid_size"] == ref["grid_size"].tolist()
+    for key in ("coords", "num", "voxels"):
+        assert mine[key].dtype == ref[key].dtype, key
+        np.testing.assert_array_equal(mine[key], ref[key])
+
+
+def test_voxel_generation_matches_spconv238():
+    with np.load(VOXELS_CAPTURED) as ref:
+        for i, mine in enumerate(_voxelize(_voxel_points(), VOXEL_CONFIGS)):
+            _check_voxels(mine, {k.split("/", 1)[1]: ref[k] for k in ref.files if k.startswith(f"{i}/")})
+
+
 def _points_file():
     for folder in (os.environ.get("SPCONV_TEST_DATA", ""), os.path.join(ROOT, "shared", "data"),
                    os.path.join(ROOT, "..", "shared", "data")):
@@ -289,29 +329,24 @@ def _points_file():
 
 
 def test_live_voxel_generation_against_reference(tmp_path):
-    """OpenPCDet's pipeline, Point2VoxelCPU3d(...).point_to_voxel(tv.from_numpy(points)), on both sides."""
+    """The same pipeline on both sides, on the real scan where it is here, and on the captured synthetic points."""
     python = os.environ.get("SPCONV_REFERENCE_PYTHON")
     if not python:
         pytest.skip("SPCONV_REFERENCE_PYTHON is not set (an interpreter importing the real spconv 2.3.8)")
-    import cumm.tensorview as tv
-    import spconv.utils as su
     from spconv.benchmark import compare
-    path = _points_file()
-    if path is None:  # synthetic scan when the real one isn't here
-        rs = np.random.RandomState(3)
-        path = str(tmp_path / "points.npz")
-        np.savez(path, pc=rs.uniform([-60, -60, -4], [60, 60, 2], size=(50000, 3)).astype(np.float32))
-    configs = [[3, [0.05, 0.05, 0.1], [0, -40, -3, 70.4, 40, 1], 16000, 5],
-               [3, [0.2, 0.2, 0.2], [-50, -50, -5, 50, 50, 3], 40000, 10],
-               [1, [0.1], [-50, 50], 5000, 4]]
-    job = {"task": "voxels", "points": path, "configs": configs}
-    compare.run_worker(compare.resolve_target(python), WORKER, str(tmp_path), job, timeout_s=600)
-    points = np.load(path)["pc"]
-    for i, (ndim, vsize, rng, max_voxels, max_points) in enumerate(configs):
-        gen = getattr(su, f"Point2VoxelCPU{ndim}d")(vsize, rng, points.shape[1], max_voxels, max_points)
-        voxels, coords, num = (t.numpy() for t in gen.point_to_voxel(tv.from_numpy(points)))
-        with np.load(tmp_path / f"vox_{i}.npz") as ref:
-            assert gen.grid_size == ref["grid_size"].tolist()
-            np.testing.assert_array_equal(coords, ref["coords"])
-            np.testing.assert_array_equal(num, ref["num"])
-            np.testing.assert_array_equal(voxels, ref["voxels"])
+    target = compare.resolve_target(python)
+    cases = [(str(tmp_path / "synthetic.npz"), VOXEL_CONFIGS)]
+    np.savez(cases[0][0], pc=_voxel_points())
+    scan = _points_file()
+    if scan is not None:
+        cases.append((scan, [[3, [0.05, 0.05, 0.1], [0, -40, -3, 70.4, 40, 1], 16000, 5],
+                             [3, [0.2, 0.2, 0.2], [-50, -50, -5, 50, 50, 3], 40000, 10],
+                             [1, [0.1], [-50, 50], 5000, 4]]))
+    for n, (path, configs) in enumerate(cases):
+        job_dir = tmp_path / f"job{n}"
+        job_dir.mkdir()
+        compare.run_worker(target, WORKER, str(job_dir), {"task": "voxels", "points": path, "configs": configs},
+                           timeout_s=600)
+        for i, mine in enumerate(_voxelize(np.load(path)["pc"], configs)):
+            with np.load(job_dir / f"vox_{i}.npz") as ref:
+                _check_voxels(mine, {k: ref[k] for k in ref.files})
