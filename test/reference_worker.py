@@ -200,6 +200,26 @@ def run_forward(job_dir, job):
     return {"nets": job["nets"], "dtypes": job["dtypes"]}
 
 
+def run_mmdet3d_load(job_dir, job):
+    """Loads an mmcv spconv 1.x checkpoint through an mmdetection3d-style SparseModule._load_from_state_dict; saves
+    the loaded state and the source state."""
+    import numpy as np
+    import torch
+    import spconv.pytorch as sp
+    nets = _load_sibling("client_nets")
+    src = nets.Spconv1Checkpoint(sp)
+    src.load_state_dict(nets.deterministic_state(src, torch.float32))
+    v1 = nets.spconv1_state(src)
+    sp.SparseModule._version = 2
+    sp.SparseModule._load_from_state_dict = nets.mmdet3d_style_load
+    dst = nets.Spconv1Checkpoint(sp)
+    dst.load_state_dict(v1, strict=True)
+    arrays = {f"src/{k}": v.numpy() for k, v in src.state_dict().items()}
+    arrays.update({f"loaded/{k}": v.numpy() for k, v in dst.state_dict().items()})
+    np.savez(os.path.join(job_dir, "mmdet3d_load.npz"), **arrays)
+    return {"metadata_version": dst.state_dict()._metadata["a"].get("version")}
+
+
 def run_voxels(job_dir, job):
     import numpy as np
     import cumm.tensorview as tv
@@ -224,6 +244,8 @@ def main(job_dir):
         result["facts"] = collect_facts()
     elif job["task"] == "forward":
         result["forward"] = run_forward(job_dir, job)
+    elif job["task"] == "mmdet3d_load":
+        result["mmdet3d_load"] = run_mmdet3d_load(job_dir, job)
     elif job["task"] == "voxels":
         result["voxels"] = run_voxels(job_dir, job)
     else:

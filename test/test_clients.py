@@ -180,78 +180,29 @@ def test_ptv3_style_positional_encoding_keeps_sites():
     assert "cpe" in y.indice_dict
 
 
-class _Spconv1Checkpoint(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = sp.SubMConv3d(3, 5, 3, indice_key="s")
-        self.b = sp.SparseConv3d(5, 6, (3, 1, 1), 2, record_voxel_count=True, bias=False)
-        self.c = sp.SubMConv3d(4, 4, 4, bias=False)  # Cin == Cout == k: the layout can't be told from the shape
-        self.bn = nn.BatchNorm1d(6)
-
-
-def _mmdet3d_style_load(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                        error_msgs):
-    """What mmdetection3d installs as SparseModule._load_from_state_dict: runs the module's load pre-hooks, then
-    copies each parameter and buffer, moving the last axis to the front when the checkpoint's metadata version of
-    the module is not 2 (mmcv's spconv 1.x layout)."""
-    version = local_metadata.get("version", None)
-    for hook in self._load_state_dict_pre_hooks.values():
-        hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
-    local = {k: v.data for k, v in list(self._parameters.items()) + list(self._buffers.items()) if v is not None}
-    for name, param in local.items():
-        key = prefix + name
-        if key not in state_dict:
-            if strict:
-                missing_keys.append(key)
-            continue
-        value = state_dict[key]
-        if version != 2:
-            value = value.permute(value.dim() - 1, *range(value.dim() - 1))
-        if value.shape != param.shape:
-            error_msgs.append(f"size mismatch for {key}")
-            continue
-        param.copy_(value)
-    if strict:
-        for key in state_dict:
-            if key.startswith(prefix):
-                head = key[len(prefix):].split(".", 1)[0]
-                if head not in self._modules and head not in local:
-                    unexpected_keys.append(key)
-
-
-def _spconv1_state(model):
-    """The model's weights as an mmcv spconv 1.x checkpoint: conv weights (*k, Cin, Cout), metadata version 1."""
-    sd = model.state_dict()
-    out = type(sd)()
-    for k, v in sd.items():
-        out[k] = v.permute(*range(1, v.dim()), 0).contiguous() if k.endswith("weight") and v.dim() > 2 else v
-    out._metadata = {k: {"version": 1} for k in sd._metadata}
-    return out
-
-
 def test_mmdet3d_checkpoint_loading(monkeypatch):
     torch.manual_seed(0)
-    src = _Spconv1Checkpoint()
+    src = nets.Spconv1Checkpoint(sp)
     src.b.get_max_num_voxels().fill_(7)
-    v1 = _spconv1_state(src)
+    v1 = nets.spconv1_state(src)
     # mmdetection3d's path: its SparseModule._load_from_state_dict reaches every conv (as in spconv 2.x) and
     # permutes the 1.x weights, ambiguous shapes included; the shape-based conversion here stands aside.
     monkeypatch.setattr(sp.SparseModule, "_version", 2)
-    monkeypatch.setattr(sp.SparseModule, "_load_from_state_dict", _mmdet3d_style_load)
-    dst = _Spconv1Checkpoint()
+    monkeypatch.setattr(sp.SparseModule, "_load_from_state_dict", nets.mmdet3d_style_load)
+    dst = nets.Spconv1Checkpoint(sp)
     dst.load_state_dict(v1, strict=True)
     for k, v in src.state_dict().items():
         assert torch.equal(dst.state_dict()[k], v), k
     # a checkpoint saved under the patch (metadata version 2) loads unpermuted
     saved = dst.state_dict()
     assert saved._metadata["a"]["version"] == 2
-    again = _Spconv1Checkpoint()
+    again = nets.Spconv1Checkpoint(sp)
     again.load_state_dict(saved, strict=True)
     assert all(torch.equal(again.state_dict()[k], v) for k, v in saved.items())
     monkeypatch.undo()
     # Plain loading of the same 1.x checkpoint: the weights are converted from their shape, except the ambiguous
     # one (taken as 2.x), which needs SPCONV_SAVED_WEIGHT_LAYOUT=RSCK.
-    plain = _Spconv1Checkpoint()
+    plain = nets.Spconv1Checkpoint(sp)
     plain.load_state_dict(v1, strict=True)
     for k in ("a.weight", "b.weight", "a.bias", "b.max_num_voxels_during_training"):
         assert torch.equal(plain.state_dict()[k], src.state_dict()[k]), k
@@ -259,6 +210,26 @@ def test_mmdet3d_checkpoint_loading(monkeypatch):
     only_c = {k: v for k, v in v1.items() if k.startswith("c.")}
     plain.c.load_state_dict({k[2:]: v for k, v in only_c.items()})
     assert torch.equal(plain.c.weight, src.c.weight)
+
+
+def test_live_mmdet3d_loading_against_reference(tmp_path, monkeypatch):
+    python = os.environ.get("SPCONV_REFERENCE_PYTHON")
+    if not python:
+        pytest.skip("SPCONV_REFERENCE_PYTHON is not set (an interpreter importing the real spconv 2.3.8)")
+    from spconv.benchmark import compare
+    result = compare.run_worker(compare.resolve_target(python), WORKER, str(tmp_path), {"task": "mmdet3d_load"},
+                                timeout_s=600)
+    assert result["mmdet3d_load"]["metadata_version"] == 2
+    src = nets.Spconv1Checkpoint(sp)
+    src.load_state_dict(nets.deterministic_state(src, torch.float32))
+    monkeypatch.setattr(sp.SparseModule, "_version", 2)
+    monkeypatch.setattr(sp.SparseModule, "_load_from_state_dict", nets.mmdet3d_style_load)
+    dst = nets.Spconv1Checkpoint(sp)
+    dst.load_state_dict(nets.spconv1_state(src), strict=True)
+    with np.load(tmp_path / "mmdet3d_load.npz") as theirs:
+        for k, v in dst.state_dict().items():
+            np.testing.assert_array_equal(v.numpy(), theirs[f"loaded/{k}"], err_msg=k)  # what spconv 2.3.8 loads
+            np.testing.assert_array_equal(theirs[f"src/{k}"], src.state_dict()[k].numpy(), err_msg=k)
 
 
 def test_voxel_counter_checkpoints_load_both_ways():
