@@ -13,6 +13,7 @@ import os
 import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 import torch
 from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -65,6 +66,17 @@ else:
     cxx_flags += gpu.cxx_flags
     build_ext_cls = gpu_build.build_ext_with_gpu(BuildExtension, gpu)
 
+
+class BuildPyWithPth(build_py):
+    """Also places spconv/_cumm/spconv_cumm_shim.pth at the top of the build, so an install puts it in
+    site-packages: it serves spconv's cumm stand-in at interpreter start where no real cumm is importable."""
+
+    def run(self):
+        super().run()
+        self.copy_file(os.path.join(ROOT, "spconv", "_cumm", "spconv_cumm_shim.pth"),
+                       os.path.join(self.build_lib, "spconv_cumm_shim.pth"))
+
+
 ext = CppExtension(
     "spconv._C_hip",
     ext_sources,
@@ -82,7 +94,7 @@ setup(
     description="Sparse convolution for PyTorch (spconv 2.x API) with HIP GPU kernels and a native C++ route",
     packages=find_packages(include=["spconv", "spconv.*"]),
     ext_modules=[] if os.environ.get("SPCONV_SKIP_EXTENSION") == "1" else [ext],
-    cmdclass={"build_ext": build_ext_cls},
+    cmdclass={"build_ext": build_ext_cls, "build_py": BuildPyWithPth},
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"bench": ["tqdm", "matplotlib"], "test": ["pytest", "hypothesis"]},

@@ -11,6 +11,7 @@ def main():
     args = parser.parse_args()
     info = spconv.build_info()
     info["version"] = spconv.__version__
+    info["dev_tag"] = spconv.__dev_tag__
     print(json.dumps(info, indent=2))
 
 

@@ -36,10 +36,28 @@ if SAVED_WEIGHT_LAYOUT not in ("", "KRSC", "RSKC", "RSCK"):
     raise ValueError(f"SPCONV_SAVED_WEIGHT_LAYOUT must be one of KRSC, RSKC, RSCK (or unset), "
                      f"got {SAVED_WEIGHT_LAYOUT!r}")
 
-# Flags of spconv's CUDA build: read for compatibility, they don't change results here.
+# Flags of spconv 2.3.8's CUDA build (every SPCONV_* name of its spconv.constants is here): code that reads or
+# sets them keeps working, but they have no effect on this package's routes or results. The ones above
+# (SPCONV_ALLOW_TF32, SPCONV_FX_TRACE_MODE, SAVED_WEIGHT_LAYOUT) do take effect.
+import enum  # noqa: E402
+
+
+class NVRTCMode(enum.Enum):
+    """spconv 2.x's (cumm's) NVRTC kernel modes; only the names are kept (no NVRTC here)."""
+
+    Disabled = 0
+    Direct = 1
+    DynamicParallism = 2
+    KernelAndCPU = 3
+    ConstantMemory = 4
+    Static = 5
+
+
 DISABLE_JIT = _env_flag("SPCONV_DISABLE_JIT")
 SPCONV_BWD_SPLITK = [int(v) for v in os.getenv("SPCONV_BWD_SPLITK", "1,2,4,8,16,32,64").split(",") if v.strip()]
-SPCONV_NVRTC_MODE = _env_flag("SPCONV_NVRTC_MODE")
+SPCONV_NVRTC_MODE = NVRTCMode.ConstantMemory
+SPCONV_DEBUG_NVRTC_KERNELS = False
+SPCONV_DEBUG_CPP_ONLY = False
 SPCONV_DEBUG_WEIGHT = False
 SPCONV_CPP_INDICE_PAIRS = True
 SPCONV_CPP_INDICE_PAIRS_IGEMM = _env_flag("SPCONV_CPP_INDICE_PAIRS_IGEMM")

@@ -76,10 +76,12 @@ def test_sparse_feature_wise_modules():
     assert torch.equal(spconv.SparseReLU()(x.features), torch.relu(x.features))  # dense input too
     empty = spconv.SparseConvTensor(torch.zeros(0, 4), torch.zeros(0, 3, dtype=torch.int32), [5, 5], 1)
     assert spconv.SparseBatchNorm(4).train()(empty).features.shape == (0, 4)
-    for m in (spconv.SparseBatchNorm(4), spconv.SparseReLU(), spconv.SparseIdentity(), spconv.Identity(),
-              _subm(1, 1), spconv.SparseMaxPool3d(2)):
+    for m in (spconv.SparseBatchNorm(4), spconv.SparseReLU(), spconv.SparseIdentity(), _subm(1, 1),
+              spconv.SparseMaxPool3d(2)):
         assert spconv.is_spconv_module(m)
-    assert not spconv.is_spconv_module(nn.ReLU())
+    # As in spconv 2.3.8, Identity is a plain module: in a SparseSequential it gets (and returns) the features.
+    assert not spconv.is_spconv_module(nn.ReLU()) and not spconv.is_spconv_module(spconv.Identity())
+    assert torch.equal(spconv.SparseSequential(spconv.Identity())(x).features, x.features)
     # Inside a SparseSequential they get the SparseConvTensor itself.
     assert torch.equal(spconv.SparseSequential(spconv.SparseReLU())(x).features, torch.relu(x.features))
 

@@ -64,18 +64,25 @@ def run_compare(target: Target, scan, net_state: Dict[str, torch.Tensor], dtypes
     np.savez(os.path.join(job_dir, "input.npz"), **arrays)
     job = {"module": target.module, "device": str(device), "dtypes": dtypes, "warmup": warmup, "iters": iters,
            "threads": torch.get_num_threads(), "backward": backward}
+    result = run_worker(target, WORKER, job_dir, job, timeout_s)
+    outputs = {d: os.path.join(job_dir, f"output_{d}.npz") for d in dtypes}
+    return result, outputs
+
+
+def run_worker(target: Target, worker: str, job_dir: str, job: Dict, timeout_s: float = 3600.0) -> Dict:
+    """Runs ``worker JOB_DIR`` under the target's interpreter (cwd JOB_DIR, so nothing of this checkout is on its
+    path) after writing ``job`` to JOB_DIR/job.json; returns the JSON the worker wrote to JOB_DIR/result.json.
+    Raises RuntimeError with the worker's stderr when it fails. The tests' reference workers use it too."""
     with open(os.path.join(job_dir, "job.json"), "w") as fh:
         json.dump(job, fh)
-    proc = subprocess.run([target.python, WORKER, job_dir], env=target.env, cwd=job_dir, capture_output=True,
+    proc = subprocess.run([target.python, worker, job_dir], env=target.env, cwd=job_dir, capture_output=True,
                           text=True, timeout=timeout_s)
     result_path = os.path.join(job_dir, "result.json")
     if proc.returncode != 0 or not os.path.exists(result_path):
-        raise RuntimeError(f"compare worker failed ({target.describe}, exit {proc.returncode}):\n"
+        raise RuntimeError(f"worker {os.path.basename(worker)} failed ({target.describe}, exit {proc.returncode}):\n"
                            f"{proc.stderr.strip()[-3000:]}")
     with open(result_path) as fh:
-        result = json.load(fh)
-    outputs = {d: os.path.join(job_dir, f"output_{d}.npz") for d in dtypes}
-    return result, outputs
+        return json.load(fh)
 
 
 def other_measurements(result: Dict, ours: List[Measurement], label: str) -> List[Measurement]:

@@ -7,6 +7,7 @@ from typing import Union  # noqa: F401
 import numpy as np  # noqa: F401
 import torch  # noqa: F401
 
+from spconv import constants  # noqa: F401  (spconv 2.x exposes it here too)
 from spconv.core import ConvAlgo
 from spconv.pytorch import functional, ops
 from spconv.pytorch.conv import (SparseConv1d, SparseConv2d, SparseConv3d, SparseConv4d, SparseConvolution,

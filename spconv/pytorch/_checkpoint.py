@@ -6,6 +6,12 @@ spconv 2.x stores KRSC ``[Cout, *k, Cin]``; spconv 1.x stored RSCK ``[*k, Cin, C
 the shape: a weight already shaped like the module's is kept, else a RSCK (then RSKC) shape is converted. A
 shape that fits both KRSC and another layout (Cin == Cout == every kernel size) is taken as KRSC: set the
 variable for such spconv 1.x checkpoints.
+
+This runs as a load_state_dict pre-hook, as spconv 2.x's does, and the conv classes keep torch's
+``_load_from_state_dict``: a replacement installed on ``SparseModule`` (mmdetection3d permutes mmcv's spconv 1.x
+weights there when a checkpoint's metadata version is not 2) reaches every conv as in spconv 2.x. While such a
+replacement is installed it owns the weight layout and the shape-based conversion here stands aside (both would
+permute the same weight).
 """
 from typing import Dict, List
 
@@ -29,12 +35,25 @@ def _saved_shape(layout: str, cout: int, ksize: List[int], cin: int) -> List[int
     return {"KRSC": [cout, *ksize, cin], "RSCK": [*ksize, cin, cout], "RSKC": [*ksize, cout, cin]}[layout]
 
 
+def load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    """``Module._register_load_state_dict_pre_hook(..., with_module=True)`` hook of the sparse convs and pools."""
+    fix_voxel_counter(module, state_dict, prefix)
+    if type(module)._load_from_state_dict is torch.nn.Module._load_from_state_dict:
+        convert_saved_weight(module, state_dict, prefix)
+
+
+def fix_voxel_counter(module, state_dict: Dict[str, torch.Tensor], prefix: str) -> None:
+    """Checkpoints with and without record_voxel_count's counter load into modules with and without it."""
+    counter = prefix + _MAX_NUM_VOXELS_DURING_TRAINING
+    mine = getattr(module, _MAX_NUM_VOXELS_DURING_TRAINING, None)
+    if counter in state_dict and mine is None:
+        del state_dict[counter]
+    elif counter not in state_dict and mine is not None:
+        state_dict[counter] = torch.zeros_like(mine)
+
+
 def convert_saved_weight(module, state_dict: Dict[str, torch.Tensor], prefix: str) -> None:
     """Rewrites ``state_dict[prefix + "weight"]`` to the module's KRSC layout, in place."""
-    # spconv 2.x modules built with record_voxel_count save a counter buffer this module may not have.
-    counter = prefix + _MAX_NUM_VOXELS_DURING_TRAINING
-    if counter in state_dict and not hasattr(module, _MAX_NUM_VOXELS_DURING_TRAINING):
-        del state_dict[counter]
     key = prefix + "weight"
     weight = state_dict.get(key)
     if not isinstance(weight, torch.Tensor):

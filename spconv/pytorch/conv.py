@@ -17,8 +17,11 @@ from torch.nn.parameter import Parameter
 
 from spconv import constants
 from spconv.core import Activation, ConvAlgo
-from spconv.pytorch import ops
-from spconv.pytorch.core import IndiceData, SparseConvTensor, check_unique_indices, expand_nd
+from spconv.pytorch import _checkpoint, ops
+# ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
+from spconv.pytorch.core import (ImplicitGemmIndiceData, IndiceData, SparseConvTensor,  # noqa: F401
+                                 check_unique_indices, expand_nd)
+from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
 from spconv.pytorch.functional import conv_features, weight_to_filters
 from spconv.pytorch.modules import SparseModule
 
@@ -46,9 +49,17 @@ def apply_activation(x: torch.Tensor, act: str, alpha: float) -> torch.Tensor:
     return x
 
 
-class SparseConvolution(SparseModule):
-    __constants__ = ["stride", "padding", "dilation", "groups", "bias", "subm", "inverse", "transposed",
-                     "output_padding"]
+# spconv 2.x's default algo: implicit GEMM up to this kernel volume (128 with large_kernel_fast_algo), else Native.
+# Every algo computes the same numbers here; the value is kept for repr, checkpoints and shared indice keys.
+_IMPLICIT_GEMM_MAX_KV = 32
+_IMPLICIT_GEMM_MAX_KV_LARGE = 128
+
+# Buffer spconv 2.x registers with record_voxel_count (int32 [1]; saved in checkpoints).
+_MAX_NUM_VOXELS_DURING_TRAINING = "max_num_voxels_during_training"
+
+
+class SparseConvolutionBase:
+    """The geometry of a sparse conv (spconv 2.x keeps it in this torch-free base; same signature)."""
 
     def __init__(self, ndim: int, in_channels: int, out_channels: int, kernel_size: IntOrSeq = 3,
                  stride: IntOrSeq = 1, padding: IntOrSeq = 0, dilation: IntOrSeq = 1, groups: int = 1,
@@ -56,14 +67,15 @@ class SparseConvolution(SparseModule):
                  inverse: bool = False, indice_key: Optional[str] = None, algo: Optional[ConvAlgo] = None,
                  fp32_accum: Optional[bool] = None, record_voxel_count: bool = False,
                  act_type=Activation.None_, act_alpha: float = 0, act_beta: float = 0,
-                 large_kernel_fast_algo: bool = False, name: Optional[str] = None):
-        super().__init__(name=name)
+                 large_kernel_fast_algo: bool = False):
         if groups != 1:
             raise ValueError(f"groups must be 1 (as in spconv 2.x), got {groups}")
         if not 1 <= ndim <= 4:
             raise ValueError(f"ndim must be 1..4, got {ndim}")
         if int(in_channels) <= 0 or int(out_channels) <= 0:
             raise ValueError(f"in_channels and out_channels must be positive, got {in_channels}, {out_channels}")
+        if algo is not None and not isinstance(algo, ConvAlgo):
+            raise TypeError(f"algo must be a spconv.core.ConvAlgo or None, got {algo!r}")
         self.ndim = ndim
         self.in_channels = int(in_channels)
         self.out_channels = int(out_channels)
@@ -89,7 +101,10 @@ class SparseConvolution(SparseModule):
         self.subm = subm
         self.indice_key = indice_key
         self.record_voxel_count = record_voxel_count
-        self.algo = ConvAlgo.MaskImplicitGemm if algo is None else algo
+        if algo is None:
+            limit = _IMPLICIT_GEMM_MAX_KV_LARGE if large_kernel_fast_algo else _IMPLICIT_GEMM_MAX_KV
+            algo = ConvAlgo.MaskImplicitGemm if kv <= limit else ConvAlgo.Native
+        self.algo = algo
         self.fp32_accum = fp32_accum
         self.large_kernel_fast_algo = large_kernel_fast_algo
         self.act_type = act_type
@@ -99,12 +114,40 @@ class SparseConvolution(SparseModule):
         if self.conv1x1 and self._act != "None_":
             raise ValueError("a 1x1 conv doesn't take a fused activation (as in spconv 2.x)")
         self.weight_shape = [self.out_channels, *self.kernel_size, self.in_channels]
-        self.weight = Parameter(torch.zeros(*self.weight_shape))
+
+
+class SparseConvolution(SparseConvolutionBase, SparseModule):
+    __constants__ = ["stride", "padding", "dilation", "groups", "bias", "subm", "inverse", "transposed",
+                     "output_padding"]
+
+    def __init__(self, ndim: int, in_channels: int, out_channels: int, kernel_size: IntOrSeq = 3,
+                 stride: IntOrSeq = 1, padding: IntOrSeq = 0, dilation: IntOrSeq = 1, groups: int = 1,
+                 bias: bool = True, subm: bool = False, output_padding: IntOrSeq = 0, transposed: bool = False,
+                 inverse: bool = False, indice_key: Optional[str] = None, algo: Optional[ConvAlgo] = None,
+                 fp32_accum: Optional[bool] = None, record_voxel_count: bool = False,
+                 act_type=Activation.None_, act_alpha: float = 0, act_beta: float = 0,
+                 large_kernel_fast_algo: bool = False, name: Optional[str] = None, device=None, dtype=None):
+        SparseModule.__init__(self, name=name)
+        SparseConvolutionBase.__init__(self, ndim, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                                       groups, bias, subm, output_padding, transposed, inverse, indice_key, algo,
+                                       fp32_accum, record_voxel_count, act_type, act_alpha, act_beta,
+                                       large_kernel_fast_algo)
+        factory = {"device": device, "dtype": dtype}
+        if record_voxel_count and not subm and not inverse:
+            self.register_buffer(_MAX_NUM_VOXELS_DURING_TRAINING, torch.zeros(1, dtype=torch.int32, device=device))
+        self.weight = Parameter(torch.zeros(*self.weight_shape, **factory))
         if bias:
-            self.bias = Parameter(torch.zeros(self.out_channels))
+            self.bias = Parameter(torch.zeros(self.out_channels, **factory))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
+        # A pre-hook, not a _load_from_state_dict override, so that a replaced SparseModule._load_from_state_dict
+        # (mmdetection3d's spconv 1.x weight permute) reaches the convs as it does in spconv 2.x.
+        self._register_load_state_dict_pre_hook(_checkpoint.load_pre_hook, with_module=True)
+
+    def get_max_num_voxels(self) -> Optional[torch.Tensor]:
+        """The largest output voxel count seen (record_voxel_count=True), else None."""
+        return getattr(self, _MAX_NUM_VOXELS_DURING_TRAINING, None)
 
     def reset_parameters(self):
         # kaiming_uniform_(a=sqrt(5)) on the KRSC layout: bound = 1 / sqrt(fan_in), fan_in = Cin * kvol.
@@ -117,27 +160,16 @@ class SparseConvolution(SparseModule):
     def is_inverseable(self) -> bool:
         return self.indice_key is not None and not self.subm
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        # spconv 1.x ([*k, Cin, Cout]) and SPCONV_SAVED_WEIGHT_LAYOUT checkpoints: see pytorch/_checkpoint.py.
-        from spconv.pytorch._checkpoint import convert_saved_weight
-        convert_saved_weight(self, state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-
     def extra_repr(self):
+        # spconv 2.x's text: padding, dilation and output_padding are always printed.
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-             f"padding={self.padding}, dilation={self.dilation}")
-        if self.subm:
-            s += ", subm=True"
-        if self.transposed:
-            s += f", transposed=True, output_padding={self.output_padding}"
-        if self.inverse:
-            s += ", inverse=True"
-        if self.indice_key is not None:
-            s += f", indice_key={self.indice_key!r}"
+             f"padding={self.padding}, dilation={self.dilation}, output_padding={self.output_padding}")
         if self.bias is None:
             s += ", bias=False"
+        if self.algo is not None:
+            s += f", algo={self.algo}"
+        if self._act != "None_":
+            s += f", act=Activation.{self._act}"
         return s
 
     def _out_spatial_shape(self, spatial_shape: List[int]) -> List[int]:
@@ -216,6 +248,9 @@ class SparseConvolution(SparseModule):
                     outids, input.indices, maps, spatial_shape, out_spatial_shape, is_subm=self.subm,
                     algo=self.algo, ksize=self.kernel_size, stride=self.stride, dilation=self.dilation,
                     padding=self.padding)
+        counter = self.get_max_num_voxels()
+        if counter is not None:  # spconv 2.x records in training and inference alike
+            ops.maximum_value_int_(counter, int(outids.shape[0]))
         out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
         return input.with_structure(self._finish(out, bias), outids, out_spatial_shape, indice_dict)
 
@@ -247,24 +282,31 @@ class SparseConvolution(SparseModule):
                              f"(the inverted conv's output), input has {inp.indices.shape[0]}")
 
 
+# The Nd classes take spconv 2.3.8's arguments in its order, with its defaults, so a positional call means what it
+# means there. This package's additions (fused activations; output_padding for transposed convs) come after
+# ``name``, keyword-only.
+
+
 class _SubMConvNd(SparseConvolution):
     _NDIM = 0
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 indice_key=None, algo=None, fp32_accum=None, record_voxel_count=False,
-                 large_kernel_fast_algo=False, name=None, act_type=Activation.None_, act_alpha=0, act_beta=0):
+                 indice_key=None, algo: Optional[ConvAlgo] = None, fp32_accum: Optional[bool] = None,
+                 large_kernel_fast_algo: bool = False, name=None, *, act_type=Activation.None_, act_alpha=0,
+                 act_beta=0):
         super().__init__(self._NDIM, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         subm=True, indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
-                         record_voxel_count=record_voxel_count, act_type=act_type, act_alpha=act_alpha,
-                         act_beta=act_beta, large_kernel_fast_algo=large_kernel_fast_algo, name=name)
+                         subm=True, indice_key=indice_key, algo=algo, fp32_accum=fp32_accum, act_type=act_type,
+                         act_alpha=act_alpha, act_beta=act_beta, large_kernel_fast_algo=large_kernel_fast_algo,
+                         name=name)
 
 
 class _SparseConvNd(SparseConvolution):
     _NDIM = 0
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 indice_key=None, algo=None, fp32_accum=None, record_voxel_count=False,
-                 large_kernel_fast_algo=False, name=None, act_type=Activation.None_, act_alpha=0, act_beta=0):
+                 indice_key=None, algo: Optional[ConvAlgo] = None, fp32_accum: Optional[bool] = None,
+                 record_voxel_count: bool = False, large_kernel_fast_algo: bool = False, name=None, *,
+                 act_type=Activation.None_, act_alpha=0, act_beta=0):
         super().__init__(self._NDIM, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
                          record_voxel_count=record_voxel_count, act_type=act_type, act_alpha=act_alpha,
@@ -275,9 +317,9 @@ class _SparseConvTransposeNd(SparseConvolution):
     _NDIM = 0
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 indice_key=None, algo=None, fp32_accum=None, record_voxel_count=False,
-                 large_kernel_fast_algo=False, name=None, output_padding=0, act_type=Activation.None_, act_alpha=0,
-                 act_beta=0):
+                 indice_key=None, algo: Optional[ConvAlgo] = None, fp32_accum: Optional[bool] = None,
+                 record_voxel_count: bool = False, large_kernel_fast_algo: bool = False, name=None, *,
+                 output_padding=0, act_type=Activation.None_, act_alpha=0, act_beta=0):
         super().__init__(self._NDIM, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          output_padding=output_padding, transposed=True, indice_key=indice_key, algo=algo,
                          fp32_accum=fp32_accum, record_voxel_count=record_voxel_count, act_type=act_type,
@@ -288,8 +330,10 @@ class _SparseConvTransposeNd(SparseConvolution):
 class _SparseInverseConvNd(SparseConvolution):
     _NDIM = 0
 
-    def __init__(self, in_channels, out_channels, kernel_size, indice_key, bias=True, algo=None, fp32_accum=None,
-                 large_kernel_fast_algo=False, name=None, act_type=Activation.None_, act_alpha=0, act_beta=0):
+    def __init__(self, in_channels, out_channels, kernel_size, indice_key, bias=True,
+                 algo: Optional[ConvAlgo] = None, fp32_accum: Optional[bool] = None,
+                 large_kernel_fast_algo: bool = False, name=None, *, act_type=Activation.None_, act_alpha=0,
+                 act_beta=0):
         super().__init__(self._NDIM, in_channels, out_channels, kernel_size, bias=bias, inverse=True,
                          indice_key=indice_key, algo=algo, fp32_accum=fp32_accum, act_type=act_type,
                          act_alpha=act_alpha, act_beta=act_beta, large_kernel_fast_algo=large_kernel_fast_algo,

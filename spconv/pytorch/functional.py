@@ -31,6 +31,7 @@ from torch.autograd.function import once_differentiable  # noqa: E402
 
 from spconv.core import ConvAlgo  # noqa: E402
 from spconv.pytorch.core import SparseConvTensor  # noqa: E402
+from spconv.pytorch.hash import HashTable  # noqa: E402,F401  (spconv 2.x exposes it here)
 
 
 class SparseConvFunction(Function):

@@ -122,8 +122,11 @@ class SparseSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, process_group=None, device=None, dtype=None):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+                 track_running_stats: bool = True, process_group=None, device=None, dtype=None, *, bias: bool = True):
+        # bias=False needs a torch whose batch norm takes it (as nn.SyncBatchNorm's signature does there).
+        extra = {} if bias else {"bias": False}
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype,
+                         **extra)
         self.process_group = process_group
 
     def _check_input_dim(self, input):

@@ -4,7 +4,10 @@ from typing import List, Tuple
 import torch
 
 import spconv._backend  # noqa: F401  (loads the extension, registering the operators)
-from spconv.core import ConvAlgo  # noqa: F401  (spconv 2.x exposes it here too)
+# spconv 2.x code reaches these through ops too.
+from spconv import constants  # noqa: F401
+from spconv.constants import AllocKeys  # noqa: F401
+from spconv.core import AlgoHint, ConvAlgo  # noqa: F401
 from spconv.pytorch.core import PairMaps
 
 _ops = torch.ops.spconv

@@ -23,14 +23,18 @@ import numpy as np
 import torch
 
 from spconv.core import ConvAlgo
-from spconv.pytorch import ops
-from spconv.pytorch.core import IndiceData, SparseConvTensor, expand_nd
+from spconv.pytorch import _checkpoint, ops
+from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
+# ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
+from spconv.pytorch.core import ImplicitGemmIndiceData, IndiceData, SparseConvTensor, expand_nd  # noqa: F401
 from spconv.pytorch.modules import SparseModule
 
 IntOrSeq = Union[int, List[int], Tuple[int, ...]]
 
 # Buffer name spconv 2.x uses for record_voxel_count (kept so such checkpoints load).
 _MAX_NUM_VOXELS_DURING_TRAINING = "max_num_voxels_during_training"
+# spconv 2.x's max pools default to implicit GEMM up to this kernel volume, Native above.
+_IMPLICIT_GEMM_MAX_KV = 128
 
 
 class _SparsePoolBase(SparseModule):
@@ -58,25 +62,23 @@ class _SparsePoolBase(SparseModule):
         self.subm = subm
         self.indice_key = indice_key
         # Every algo gives the same numbers here; the value is kept (and stored with the kernel map) because an
-        # inverse conv reusing this layer's indice_key reads it.
-        self.algo = ConvAlgo.MaskImplicitGemm if algo is None else algo
-        if not isinstance(self.algo, ConvAlgo):
+        # inverse conv reusing this layer's indice_key reads it. Defaults as spconv 2.x's GPU build.
+        if algo is not None and not isinstance(algo, ConvAlgo):
             raise TypeError(f"algo must be a spconv.core.ConvAlgo or None, got {algo!r}")
+        self.algo = self._default_algo(int(np.prod(self.kernel_size))) if algo is None else algo
         self.record_voxel_count = record_voxel_count
         if record_voxel_count and not subm:
             self.register_buffer(_MAX_NUM_VOXELS_DURING_TRAINING, torch.zeros(1, dtype=torch.int32))
+        self._register_load_state_dict_pre_hook(_checkpoint.load_pre_hook, with_module=True)
+
+    @staticmethod
+    def _default_algo(kv: int) -> ConvAlgo:
+        return ConvAlgo.MaskImplicitGemm if kv <= _IMPLICIT_GEMM_MAX_KV else ConvAlgo.Native
 
     def extra_repr(self):
-        s = f"kernel_size={self.kernel_size}, stride={self.stride}"
-        if any(self.padding):
-            s += f", padding={self.padding}"
-        if any(d != 1 for d in self.dilation):
-            s += f", dilation={self.dilation}"
-        if self.subm:
-            s += ", subm=True"
-        if self.indice_key is not None:
-            s += f", indice_key={self.indice_key!r}"
-        return s + f", algo={self.algo}"
+        # spconv 2.x's text: padding and dilation are always printed.
+        return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+                f"dilation={self.dilation}, algo={self.algo}")
 
     def get_max_num_voxels(self) -> Optional[torch.Tensor]:
         return getattr(self, _MAX_NUM_VOXELS_DURING_TRAINING, None)
@@ -108,8 +110,8 @@ class _SparsePoolBase(SparseModule):
                 outids, input.indices, maps, spatial_shape, out_spatial_shape, is_subm=self.subm, algo=self.algo,
                 ksize=self.kernel_size, stride=self.stride, dilation=self.dilation, padding=self.padding)
         counter = self.get_max_num_voxels()
-        if counter is not None and self.training:
-            counter.clamp_(min=int(outids.shape[0]))
+        if counter is not None:  # spconv 2.x records in training and inference alike
+            ops.maximum_value_int_(counter, int(outids.shape[0]))
         out = self._pool_features(input.features, maps.to(input.features.device), int(outids.shape[0]))
         return input.with_structure(out, outids, out_spatial_shape, indice_dict)
 
@@ -122,7 +124,17 @@ class SparseMaxPool(_SparsePoolBase):
 
 
 class SparseAvgPool(_SparsePoolBase):
-    """Avg pool: the mean over the window's active inputs (divides by their count, not the kernel volume)."""
+    """Avg pool: the mean over the window's active inputs (divides by their count, not the kernel volume).
+
+    Its ``algo`` is always ``MaskImplicitGemm``, whatever is passed, as in spconv 2.x.
+    """
+
+    def __init__(self, ndim: int, kernel_size: IntOrSeq = 3, stride: Optional[IntOrSeq] = 1, padding: IntOrSeq = 0,
+                 dilation: IntOrSeq = 1, indice_key: Optional[str] = None, subm: bool = False,
+                 algo: Optional[ConvAlgo] = None, record_voxel_count: bool = False, name: Optional[str] = None):
+        super().__init__(ndim, kernel_size, stride, padding, dilation, indice_key, subm, algo, record_voxel_count,
+                         name)
+        self.algo = ConvAlgo.MaskImplicitGemm
 
     def _pool_features(self, features, maps, num_out):
         return ops.indice_avgpool_native(features, maps, num_out)[0]

@@ -1,8 +1,10 @@
 """spconv 2.x ``spconv.utils``: the voxel generators OpenPCDet and others call directly.
 
-``Point2VoxelCPU{1,2,3,4}d`` and ``Point2VoxelGPU{1,2,3,4}d`` take points as numpy arrays, torch tensors or
-cumm tensorviews (when cumm is installed) and return :class:`VoxelTensor` objects, which have ``.numpy()``
-(a copy, like a tensorview's) and ``.torch()``. OpenPCDet's ``VoxelGeneratorWrapper`` runs unchanged::
+``Point2VoxelCPU{1,2,3,4}d`` and ``Point2VoxelGPU{1,2,3,4}d`` take points as cumm tensorviews
+(``tv.from_numpy(points)``), numpy arrays or torch tensors and return ``cumm.tensorview.Tensor`` objects, as spconv
+does: ``.numpy()`` copies, ``.numpy_view()`` views, ``.shape`` is a list. ``cumm`` is the real one where installed,
+else this package's stand-in (spconv/_cumm); GPU results are always the stand-in's torch-backed Tensor.
+OpenPCDet's ``VoxelGeneratorWrapper`` runs unchanged::
 
     gen = Point2VoxelCPU3d(vsize_xyz=[0.05, 0.05, 0.1], coors_range_xyz=[0, -40, -3, 70.4, 40, 1],
                            num_point_features=4, max_num_voxels=16000, max_num_points_per_voxel=5)
@@ -21,75 +23,44 @@ import torch
 
 from spconv.pytorch.utils import calc_point2voxel_meta_data, point_to_voxel_op
 
-__all__ = ["VoxelTensor", "Point2VoxelCPU1d", "Point2VoxelCPU2d", "Point2VoxelCPU3d", "Point2VoxelCPU4d",
+__all__ = ["Point2VoxelCPU1d", "Point2VoxelCPU2d", "Point2VoxelCPU3d", "Point2VoxelCPU4d",
            "Point2VoxelGPU1d", "Point2VoxelGPU2d", "Point2VoxelGPU3d", "Point2VoxelGPU4d"]
 
 
-class VoxelTensor:
-    """A result tensor with the part of cumm's ``tv.Tensor`` interface that callers of spconv.utils use."""
+def _tensorview():
+    """``cumm.tensorview`` as callers see it: the real one where installed, else this package's stand-in (also
+    when an installed cumm fails to import)."""
+    try:
+        import cumm.tensorview as tv
+    except ImportError:
+        import spconv._cumm.shim.cumm.tensorview as tv
+    return tv
 
-    def __init__(self, tensor: torch.Tensor):
-        self._t = tensor
 
-    def torch(self) -> torch.Tensor:
-        return self._t
+def _shim_tensorview():
+    """This package's stand-in module (GPU results need its torch-backed Tensor, also beside a real cumm)."""
+    from spconv._cumm import is_shim
+    tv = _tensorview()
+    if is_shim(tv):
+        return tv
+    import spconv._cumm.shim.cumm.tensorview as shim
+    return shim
 
-    def numpy(self) -> np.ndarray:
-        """A copy on the host (a later call never changes it)."""
-        return self._t.detach().cpu().numpy().copy()
 
-    def numpy_view(self) -> np.ndarray:
-        if self._t.device.type != "cpu":
-            raise ValueError("numpy_view needs a CPU tensor; use numpy() to copy from the GPU")
-        return self._t.detach().numpy()
-
-    def cpu(self) -> "VoxelTensor":
-        return VoxelTensor(self._t.cpu())
-
-    @property
-    def device(self) -> int:
-        """-1 on the CPU, else the GPU index (tensorview's convention)."""
-        return -1 if self._t.device.type == "cpu" else self._t.device.index
-
-    @property
-    def shape(self) -> List[int]:
-        return list(self._t.shape)
-
-    @property
-    def ndim(self) -> int:
-        return self._t.dim()
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._t.dtype
-
-    def dim(self, axis: int) -> int:
-        return self._t.shape[axis]
-
-    def size(self) -> int:
-        return self._t.numel()
-
-    def __len__(self) -> int:
-        return self._t.shape[0]
-
-    def __array__(self, dtype=None, copy=None):
-        arr = self.numpy()
-        return arr if dtype is None else arr.astype(dtype)
-
-    def __repr__(self) -> str:
-        return f"VoxelTensor({self._t!r})"
+def _to_tensorview(t: torch.Tensor):
+    if t.device.type == "cpu":
+        return _tensorview().from_numpy(t.numpy())
+    return _shim_tensorview().Tensor(t)
 
 
 def _is_tensorview(x) -> bool:
-    # cumm's tv.Tensor (checked by its interface, so cumm is never imported here).
+    # cumm's tv.Tensor or the stand-in (checked by interface, so either works).
     return hasattr(x, "numpy_view") and hasattr(x, "cpu") and isinstance(getattr(x, "device", None), int)
 
 
 def _as_torch_points(points, device: torch.device) -> torch.Tensor:
     """numpy array, torch tensor or cumm tensorview -> torch tensor on `device` (no copy where possible)."""
-    if isinstance(points, VoxelTensor):
-        t = points.torch()
-    elif isinstance(points, torch.Tensor):
+    if isinstance(points, torch.Tensor):
         t = points
     elif isinstance(points, np.ndarray):
         t = torch.from_numpy(np.ascontiguousarray(points))
@@ -154,7 +125,7 @@ class _Point2VoxelBase:
             voxels, indices, num_per_voxel, _ = point_to_voxel_op(
                 pts, self.vsize, self.coors_range, self._grid_size, self.max_num_voxels,
                 self.max_num_points_per_voxel, empty_mean)
-        return VoxelTensor(voxels.to(torch.float32)), VoxelTensor(indices), VoxelTensor(num_per_voxel)
+        return _to_tensorview(voxels.to(torch.float32)), _to_tensorview(indices), _to_tensorview(num_per_voxel)
 
 
 class _Point2VoxelCPU(_Point2VoxelBase):

@@ -1,0 +1,1 @@
+# Holds the stand-in package ``cumm``; import it as ``cumm`` (through spconv._cumm.finder), not from here.
