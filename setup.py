@@ -14,6 +14,7 @@ import sys
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 import torch
 from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -67,14 +68,38 @@ else:
     build_ext_cls = gpu_build.build_ext_with_gpu(BuildExtension, gpu)
 
 
+CUMM_PTH = os.path.join(ROOT, "spconv", "_cumm", "spconv_cumm_shim.pth")
+
+
 class BuildPyWithPth(build_py):
     """Also places spconv/_cumm/spconv_cumm_shim.pth at the top of the build, so an install puts it in
     site-packages: it serves spconv's cumm stand-in at interpreter start where no real cumm is importable."""
 
     def run(self):
         super().run()
-        self.copy_file(os.path.join(ROOT, "spconv", "_cumm", "spconv_cumm_shim.pth"),
-                       os.path.join(self.build_lib, "spconv_cumm_shim.pth"))
+        self.copy_file(CUMM_PTH, os.path.join(self.build_lib, "spconv_cumm_shim.pth"))
+
+
+class EditableWheelWithPth(editable_wheel):
+    """The same .pth for editable installs (`pip install -e .`), whose wheel holds only the path hooks."""
+
+    def _select_strategy(self, *args, **kwargs):
+        strategy = super()._select_strategy(*args, **kwargs)
+
+        class WithPth:
+            def __enter__(self):
+                strategy.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return strategy.__exit__(*exc)
+
+            def __call__(self, wheel, files, mapping):
+                strategy(wheel, files, mapping)
+                with open(CUMM_PTH, "rb") as f:
+                    wheel.writestr("spconv_cumm_shim.pth", f.read())
+
+        return WithPth()
 
 
 ext = CppExtension(
@@ -94,7 +119,8 @@ setup(
     description="Sparse convolution for PyTorch (spconv 2.x API) with HIP GPU kernels and a native C++ route",
     packages=find_packages(include=["spconv", "spconv.*"]),
     ext_modules=[] if os.environ.get("SPCONV_SKIP_EXTENSION") == "1" else [ext],
-    cmdclass={"build_ext": build_ext_cls, "build_py": BuildPyWithPth},
+    cmdclass={"build_ext": build_ext_cls, "build_py": BuildPyWithPth,
+              "editable_wheel": EditableWheelWithPth},
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"bench": ["tqdm", "matplotlib"], "test": ["pytest", "hypothesis"]},
