@@ -6,7 +6,8 @@ from typing import List, Tuple
 import torch
 
 from spconv import _backend  # loads the extension; _backend.ops is the op library the wrappers call
-# spconv 2.x code reaches these through ops too.
+# spconv 2.x code reaches these through ops too (the package name included).
+import spconv  # noqa: F401
 from spconv import constants  # noqa: F401
 from spconv.constants import AllocKeys  # noqa: F401
 from spconv.core import AlgoHint, ConvAlgo  # noqa: F401
