@@ -605,7 +605,7 @@ int launch_forward(FwdArgs a, int num_splits, hipStream_t stream) {
     a.order = order + s * a.n_out;
     a.accumulate = s > 0;
     dim3 grid(static_cast<unsigned int>(row_tiles), static_cast<unsigned int>(col_tiles));
-    fused_forward_kernel<T><<<grid, kThreads, 0, stream>>>(a);
+    launch_kernel(fused_forward_kernel<T>, grid, kThreads, 0, stream, a);
     SPCONV_RETURN_IF_ERROR(last_launch_error());
   }
   return 0;
@@ -632,11 +632,11 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
   a.ws = ws;
   dim3 grid(static_cast<unsigned int>(tiles_ci * tiles_co), static_cast<unsigned int>(splits),
             static_cast<unsigned int>(kvol));
-  dfilter_kernel<T><<<grid, kThreads, 0, stream>>>(a);
+  launch_kernel(dfilter_kernel<T>, grid, kThreads, 0, stream, a);
   SPCONV_RETURN_IF_ERROR(last_launch_error());
   const int64_t total = kvol * cin * cout;
-  dfilter_reduce_kernel<T><<<grid_1d(total, kThreads), kThreads, 0, stream>>>(ws, kvol, cin * cout, splits,
-                                                                              static_cast<T*>(dw));
+  launch_kernel(dfilter_reduce_kernel<T>, grid_1d(total, kThreads), kThreads, 0, stream, ws, kvol, cin * cout,
+      splits, static_cast<T*>(dw));
   return last_launch_error();
 }
 
@@ -646,16 +646,16 @@ int fused_map_fill(const int32_t* pair_in, const int32_t* pair_out, const int64_
                    int64_t npairs, int64_t num_rows, int32_t* nbr, void* stream) {
   (void)num_rows;
   if (npairs <= 0 || kvol <= 0) return 0;
-  map_fill_kernel<<<grid_1d(npairs, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(
-      pair_in, pair_out, pair_offsets, kvol, npairs, nbr);
+  launch_kernel(map_fill_kernel, grid_1d(npairs, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), pair_in,
+      pair_out, pair_offsets, kvol, npairs, nbr);
   return last_launch_error();
 }
 
 int fused_map_masks(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_splits, int32_t* masks,
                     void* stream) {
   if (num_rows <= 0 || num_splits <= 0) return 0;
-  map_masks_kernel<<<grid_1d(num_rows, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(
-      nbr, num_rows, kvol, num_splits, masks);
+  launch_kernel(map_masks_kernel, grid_1d(num_rows, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), nbr,
+      num_rows, kvol, num_splits, masks);
   return last_launch_error();
 }
 
@@ -705,6 +705,9 @@ int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pa
 
 const char* fused_forward_path(DType t) {
   if (t == DType::F32) return "simt";
+#if defined(SPCONV_HIP_CPU)
+  return "simt";  // no matrix cores on the host
+#else
   int dev = 0;
   if (hipGetDevice(&dev) != hipSuccess) return "simt";
   hipDeviceProp_t prop;
@@ -715,6 +718,7 @@ const char* fused_forward_path(DType t) {
   return "simt";
 #else
   return prop.major >= 8 ? "wmma" : "simt";
+#endif
 #endif
 }
 

@@ -36,15 +36,15 @@ __global__ void scatter_add_kernel(const S* __restrict__ src, int64_t c, const i
 
 template <typename T>
 int launch_gather(const void* src, int64_t c, const int32_t* idx, int64_t m, void* dst, hipStream_t s) {
-  gather_kernel<T><<<grid_1d(m * c, kThreads), kThreads, 0, s>>>(static_cast<const T*>(src), c, idx, m,
-                                                                  static_cast<T*>(dst));
+  launch_kernel(gather_kernel<T>, grid_1d(m * c, kThreads), kThreads, 0, s, static_cast<const T*>(src), c, idx, m,
+      static_cast<T*>(dst));
   return last_launch_error();
 }
 
 template <typename S, typename A>
 int launch_scatter(const void* src, int64_t c, const int32_t* idx, int64_t m, void* acc, hipStream_t s) {
-  scatter_add_kernel<S, A><<<grid_1d(m * c, kThreads), kThreads, 0, s>>>(static_cast<const S*>(src), c, idx, m,
-                                                                          static_cast<A*>(acc));
+  launch_kernel(scatter_add_kernel<S, A>, grid_1d(m * c, kThreads), kThreads, 0, s, static_cast<const S*>(src), c,
+      idx, m, static_cast<A*>(acc));
   return last_launch_error();
 }
 

@@ -125,12 +125,11 @@ int hash_kv_insert(int key_bytes, int value_bytes, void* table_keys, void* table
   return dispatch_kv(key_bytes, value_bytes, [&](auto k, auto v) {
     using K = decltype(k);
     using V = decltype(v);
-    insert_claim_kernel<K><<<blocks, kThreads, 0, s>>>(static_cast<K*>(table_keys), cap, static_cast<const K*>(keys),
-                                                       n, first, claimed);
-    write_first_kernel<K, V><<<blocks, kThreads, 0, s>>>(static_cast<const K*>(table_keys),
-                                                         static_cast<V*>(table_values), cap,
-                                                         static_cast<const K*>(keys), static_cast<const V*>(values),
-                                                         n, first, claimed);
+    launch_kernel(insert_claim_kernel<K>, blocks, kThreads, 0, s, static_cast<K*>(table_keys), cap,
+        static_cast<const K*>(keys), n, first, claimed);
+    launch_kernel(write_first_kernel<K, V>, blocks, kThreads, 0, s, static_cast<const K*>(table_keys),
+        static_cast<V*>(table_values), cap, static_cast<const K*>(keys), static_cast<const V*>(values), n, first,
+        claimed);
   });
 }
 
@@ -143,9 +142,8 @@ int hash_kv_query(int key_bytes, int value_bytes, const void* table_keys, const 
   return dispatch_kv(key_bytes, value_bytes, [&](auto k, auto v) {
     using K = decltype(k);
     using V = decltype(v);
-    query_kernel<K, V><<<blocks, kThreads, 0, s>>>(static_cast<const K*>(table_keys),
-                                                   static_cast<const V*>(table_values), cap,
-                                                   static_cast<const K*>(keys), n, static_cast<V*>(out), is_empty);
+    launch_kernel(query_kernel<K, V>, blocks, kThreads, 0, s, static_cast<const K*>(table_keys),
+        static_cast<const V*>(table_values), cap, static_cast<const K*>(keys), n, static_cast<V*>(out), is_empty);
   });
 }
 
@@ -159,12 +157,11 @@ int hash_kv_insert_exist(int key_bytes, int value_bytes, const void* table_keys,
   return dispatch_kv(key_bytes, value_bytes, [&](auto k, auto v) {
     using K = decltype(k);
     using V = decltype(v);
-    exist_mark_kernel<K><<<blocks, kThreads, 0, s>>>(static_cast<const K*>(table_keys), cap,
-                                                     static_cast<const K*>(keys), n, first, is_empty);
-    write_first_kernel<K, V><<<blocks, kThreads, 0, s>>>(static_cast<const K*>(table_keys),
-                                                         static_cast<V*>(table_values), cap,
-                                                         static_cast<const K*>(keys), static_cast<const V*>(values),
-                                                         n, first, nullptr);
+    launch_kernel(exist_mark_kernel<K>, blocks, kThreads, 0, s, static_cast<const K*>(table_keys), cap,
+        static_cast<const K*>(keys), n, first, is_empty);
+    launch_kernel(write_first_kernel<K, V>, blocks, kThreads, 0, s, static_cast<const K*>(table_keys),
+        static_cast<V*>(table_values), cap, static_cast<const K*>(keys), static_cast<const V*>(values), n, first,
+        nullptr);
   });
 }
 

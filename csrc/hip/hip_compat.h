@@ -4,8 +4,17 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
-#if defined(__HIP__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__)
+#if defined(SPCONV_HIP_CPU)
+// HIP CPU runtime (tests only: runs the kernels on the host, one fiber per GPU thread, 64-wide
+// wavefronts). Its hipDeviceProp_t lacks the AMD fields, so it is neither SPCONV_HIP nor SPCONV_CUDA.
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+// Without NDEBUG the runtime defines __forceinline__ as nothing: header helpers would collide at link.
+#undef __forceinline__
+#define __forceinline__ inline __attribute__((always_inline))
+#elif defined(__HIP__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__)
 #define SPCONV_HIP 1
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
@@ -28,11 +37,13 @@
 #define hipGetDevice cudaGetDevice
 #define hipDeviceGetAttribute cudaDeviceGetAttribute
 #else
-#error "hip_compat.h needs hipcc or nvcc"
+#error "hip_compat.h needs hipcc, nvcc or the HIP CPU runtime (SPCONV_HIP_CPU)"
 #endif
 
 // ---- warp / wavefront size: a compile-time constant of the device target, never hard-coded ----
-#if defined(SPCONV_HIP)
+#if defined(SPCONV_HIP_CPU)
+#define SPCONV_WARP_SIZE 64  // the HIP CPU runtime's warpSize
+#elif defined(SPCONV_HIP)
 #if defined(__AMDGCN_WAVEFRONT_SIZE)
 #define SPCONV_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
 #else
@@ -56,7 +67,7 @@ namespace gpu {
 // ---- shuffles: HIP 5.2 has no *_sync forms; CUDA needs them ----
 template <typename T>
 __device__ __forceinline__ T shfl_down(T v, int delta) {
-#if defined(SPCONV_HIP)
+#if defined(SPCONV_HIP) || defined(SPCONV_HIP_CPU)
   return __shfl_down(v, delta);
 #else
   return __shfl_down_sync(0xffffffffu, v, delta);
@@ -127,6 +138,19 @@ inline int grid_1d(int64_t work, int threads) {
 }
 
 inline int last_launch_error() { return static_cast<int>(hipGetLastError()); }
+
+// Every kernel launch goes through this one helper. The HIP CPU runtime has no <<<>>> and its null
+// stream can reorder back-to-back launches, so there each launch is followed by a full synchronisation.
+template <typename... Params, typename... Args>
+inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shmem, hipStream_t stream,
+                          Args&&... args) {
+#if defined(SPCONV_HIP_CPU)
+  hipLaunchKernelGGL(kernel, grid, block, shmem, stream, std::forward<Args>(args)...);
+  (void)hipDeviceSynchronize();
+#else
+  kernel<<<grid, block, shmem, stream>>>(std::forward<Args>(args)...);
+#endif
+}
 
 }  // namespace gpu
 }  // namespace spconv

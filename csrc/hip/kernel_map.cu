@@ -155,22 +155,23 @@ int64_t hash_capacity(int64_t expected) {
 
 int hash_clear(int64_t* keys, int32_t* values, int64_t cap, void* stream) {
   if (cap <= 0) return 0;
-  clear_kernel<<<grid_1d(cap, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(keys, values, cap);
+  launch_kernel(clear_kernel, grid_1d(cap, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), keys, values,
+      cap);
   return last_launch_error();
 }
 
 int subm_insert(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t* hkeys, int32_t* hvals,
                 int64_t cap, int32_t* dup_row, void* stream) {
   if (n <= 0) return 0;
-  subm_insert_kernel<<<grid_1d(n, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(indices, n, g, hkeys,
-                                                                                               hvals, cap, dup_row);
+  launch_kernel(subm_insert_kernel, grid_1d(n, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), indices, n,
+      g, hkeys, hvals, cap, dup_row);
   return last_launch_error();
 }
 
 int subm_neighbors(const int32_t* indices, int64_t n, const ConvGeometry& g, const int64_t* hkeys,
                    const int32_t* hvals, int64_t cap, int32_t* nbr, void* stream) {
   if (n <= 0 || g.kvol <= 0) return 0;
-  subm_neighbors_kernel<<<grid_1d(n * g.kvol, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(
+  launch_kernel(subm_neighbors_kernel, grid_1d(n * g.kvol, kThreads), kThreads, 0, static_cast<hipStream_t>(stream),
       indices, n, g, hkeys, hvals, cap, nbr);
   return last_launch_error();
 }
@@ -178,39 +179,39 @@ int subm_neighbors(const int32_t* indices, int64_t n, const ConvGeometry& g, con
 int conv_candidate_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, bool transpose, int64_t* keys,
                         void* stream) {
   if (n <= 0 || g.kvol <= 0) return 0;
-  candidate_keys_kernel<<<grid_1d(n * g.kvol, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(
+  launch_kernel(candidate_keys_kernel, grid_1d(n * g.kvol, kThreads), kThreads, 0, static_cast<hipStream_t>(stream),
       indices, n, g, transpose, keys);
   return last_launch_error();
 }
 
 int hash_insert_keys(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, void* stream) {
   if (count <= 0) return 0;
-  insert_keys_kernel<<<grid_1d(count, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(keys, count,
-                                                                                                   hkeys, cap);
+  launch_kernel(insert_keys_kernel, grid_1d(count, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), keys,
+      count, hkeys, cap);
   return last_launch_error();
 }
 
 int hash_assign_rank(const int64_t* uniq, int64_t m, const int64_t* hkeys, int32_t* hvals, int64_t cap,
                      void* stream) {
   if (m <= 0) return 0;
-  assign_rank_kernel<<<grid_1d(m, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(uniq, m, hkeys,
-                                                                                               hvals, cap);
+  launch_kernel(assign_rank_kernel, grid_1d(m, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), uniq, m,
+      hkeys, hvals, cap);
   return last_launch_error();
 }
 
 int hash_lookup(const int64_t* keys, int64_t count, const int64_t* hkeys, const int32_t* hvals, int64_t cap,
                 int32_t* out, void* stream) {
   if (count <= 0) return 0;
-  lookup_kernel<<<grid_1d(count, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(keys, count, hkeys,
-                                                                                              hvals, cap, out);
+  launch_kernel(lookup_kernel, grid_1d(count, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), keys, count,
+      hkeys, hvals, cap, out);
   return last_launch_error();
 }
 
 int decode_keys(const int64_t* keys, int64_t m, const ConvGeometry& g, bool use_out_shape, int32_t* out_indices,
                 void* stream) {
   if (m <= 0) return 0;
-  decode_kernel<<<grid_1d(m, kThreads), kThreads, 0, static_cast<hipStream_t>(stream)>>>(keys, m, g, use_out_shape,
-                                                                                          out_indices);
+  launch_kernel(decode_kernel, grid_1d(m, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), keys, m, g,
+      use_out_shape, out_indices);
   return last_launch_error();
 }
 

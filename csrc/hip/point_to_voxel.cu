@@ -190,13 +190,13 @@ int p2v_first_points(DType t, const void* points, int64_t n, int64_t c, int ndim
   hipStream_t s = static_cast<hipStream_t>(stream);
   const int blocks = grid_1d(n, kThreads);
   if (t == DType::F32)
-    p2v_keys_kernel<float><<<blocks, kThreads, 0, s>>>(static_cast<const float*>(points), n, c, g, keys, hkeys,
-                                                       hvals, cap);
+    launch_kernel(p2v_keys_kernel<float>, blocks, kThreads, 0, s, static_cast<const float*>(points), n, c, g, keys,
+        hkeys, hvals, cap);
   else
-    p2v_keys_kernel<double><<<blocks, kThreads, 0, s>>>(static_cast<const double*>(points), n, c, g, keys, hkeys,
-                                                        hvals, cap);
+    launch_kernel(p2v_keys_kernel<double>, blocks, kThreads, 0, s, static_cast<const double*>(points), n, c, g, keys,
+        hkeys, hvals, cap);
   SPCONV_RETURN_IF_ERROR(last_launch_error());
-  p2v_first_kernel<<<blocks, kThreads, 0, s>>>(keys, n, hkeys, hvals, cap, first);
+  launch_kernel(p2v_first_kernel, blocks, kThreads, 0, s, keys, n, hkeys, hvals, cap, first);
   return last_launch_error();
 }
 
@@ -209,9 +209,10 @@ int p2v_assign(const int64_t* keys, int64_t n, const int32_t* first, const int32
   const VoxelGrid g = make_grid(ndim, zeros, zeros, grid);
   hipStream_t s = static_cast<hipStream_t>(stream);
   const int blocks = grid_1d(n, kThreads);
-  p2v_number_kernel<<<blocks, kThreads, 0, s>>>(keys, n, first, rank, hkeys, hvals, cap, max_voxels, g, indices);
+  launch_kernel(p2v_number_kernel, blocks, kThreads, 0, s, keys, n, first, rank, hkeys, hvals, cap, max_voxels, g,
+      indices);
   SPCONV_RETURN_IF_ERROR(last_launch_error());
-  p2v_voxel_id_kernel<<<blocks, kThreads, 0, s>>>(keys, n, hkeys, hvals, cap, max_voxels, pc_voxel_id);
+  launch_kernel(p2v_voxel_id_kernel, blocks, kThreads, 0, s, keys, n, hkeys, hvals, cap, max_voxels, pc_voxel_id);
   return last_launch_error();
 }
 
@@ -222,25 +223,23 @@ int p2v_fill(DType t, const void* points, int64_t c, const int64_t* sorted_vid, 
   if (t != DType::F32 && t != DType::F64) return static_cast<int>(hipErrorInvalidValue);
   hipStream_t s = static_cast<hipStream_t>(stream);
   const int blocks = grid_1d(n, kThreads);
-  p2v_run_start_kernel<<<blocks, kThreads, 0, s>>>(sorted_vid, n, seg_start);
+  launch_kernel(p2v_run_start_kernel, blocks, kThreads, 0, s, sorted_vid, n, seg_start);
   SPCONV_RETURN_IF_ERROR(last_launch_error());
   const int mean_blocks = grid_1d(m * c, kThreads);
   if (t == DType::F32) {
-    p2v_scatter_kernel<float><<<blocks, kThreads, 0, s>>>(static_cast<const float*>(points), c, sorted_vid, perm, n,
-                                                          max_points, seg_start, static_cast<float*>(voxels),
-                                                          num_per_voxel);
+    launch_kernel(p2v_scatter_kernel<float>, blocks, kThreads, 0, s, static_cast<const float*>(points), c, sorted_vid,
+        perm, n, max_points, seg_start, static_cast<float*>(voxels), num_per_voxel);
     SPCONV_RETURN_IF_ERROR(last_launch_error());
     if (empty_mean && c > 0)
-      p2v_mean_kernel<float><<<mean_blocks, kThreads, 0, s>>>(static_cast<float*>(voxels), num_per_voxel, m,
-                                                              max_points, c);
+      launch_kernel(p2v_mean_kernel<float>, mean_blocks, kThreads, 0, s, static_cast<float*>(voxels), num_per_voxel,
+          m, max_points, c);
   } else {
-    p2v_scatter_kernel<double><<<blocks, kThreads, 0, s>>>(static_cast<const double*>(points), c, sorted_vid, perm,
-                                                           n, max_points, seg_start, static_cast<double*>(voxels),
-                                                           num_per_voxel);
+    launch_kernel(p2v_scatter_kernel<double>, blocks, kThreads, 0, s, static_cast<const double*>(points), c,
+        sorted_vid, perm, n, max_points, seg_start, static_cast<double*>(voxels), num_per_voxel);
     SPCONV_RETURN_IF_ERROR(last_launch_error());
     if (empty_mean && c > 0)
-      p2v_mean_kernel<double><<<mean_blocks, kThreads, 0, s>>>(static_cast<double*>(voxels), num_per_voxel, m,
-                                                               max_points, c);
+      launch_kernel(p2v_mean_kernel<double>, mean_blocks, kThreads, 0, s, static_cast<double*>(voxels), num_per_voxel,
+          m, max_points, c);
   }
   return last_launch_error();
 }

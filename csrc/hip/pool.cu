@@ -140,7 +140,7 @@ int maxpool_fwd_t(const void* xv, int64_t c, const int32_t* pin, const int32_t* 
   const T* x = static_cast<const T*>(xv);
   T* out = static_cast<T*>(outv);
   return for_each_offset(offsets, kvol, c, [&](int64_t b, int64_t m) {
-    maxpool_fwd_kernel<T><<<grid_1d(m * c, kThreads), kThreads, 0, s>>>(x, c, pin + b, pout + b, m, out);
+    launch_kernel(maxpool_fwd_kernel<T>, grid_1d(m * c, kThreads), kThreads, 0, s, x, c, pin + b, pout + b, m, out);
   });
 }
 
@@ -152,8 +152,8 @@ int maxpool_bwd_t(const void* xv, const void* yv, const void* dyv, int64_t c, co
   const T *x = static_cast<const T*>(xv), *y = static_cast<const T*>(yv), *dy = static_cast<const T*>(dyv);
   A* dx = static_cast<A*>(dxv);
   return for_each_offset(offsets, kvol, c, [&](int64_t b, int64_t m) {
-    maxpool_bwd_kernel<T, A><<<grid_1d(m * c, kThreads), kThreads, 0, s>>>(x, y, dy, c, pin + b, pout + b, m,
-                                                                            claimed, dx);
+    launch_kernel(maxpool_bwd_kernel<T, A>, grid_1d(m * c, kThreads), kThreads, 0, s, x, y, dy, c, pin + b, pout + b,
+        m, claimed, dx);
   });
 }
 
@@ -165,14 +165,14 @@ int avgpool_fwd_t(const void* xv, int64_t c, int64_t num_out, const int32_t* pin
   A* acc = static_cast<A*>(accv);
   const int64_t npairs = offsets[kvol] - offsets[0];
   if (npairs > 0) {  // counted even with zero channels, as on the CPU
-    avgpool_count_kernel<<<grid_1d(npairs, kThreads), kThreads, 0, s>>>(pout + offsets[0], npairs, count);
+    launch_kernel(avgpool_count_kernel, grid_1d(npairs, kThreads), kThreads, 0, s, pout + offsets[0], npairs, count);
     SPCONV_RETURN_IF_ERROR(last_launch_error());
   }
   SPCONV_RETURN_IF_ERROR(for_each_offset(offsets, kvol, c, [&](int64_t b, int64_t m) {
-    avgpool_sum_kernel<T, A><<<grid_1d(m * c, kThreads), kThreads, 0, s>>>(x, c, pin + b, pout + b, m, acc);
+    launch_kernel(avgpool_sum_kernel<T, A>, grid_1d(m * c, kThreads), kThreads, 0, s, x, c, pin + b, pout + b, m, acc);
   }));
   if (npairs == 0 || num_out * c == 0) return 0;
-  avgpool_scale_kernel<A><<<grid_1d(num_out * c, kThreads), kThreads, 0, s>>>(acc, count, num_out, c);
+  launch_kernel(avgpool_scale_kernel<A>, grid_1d(num_out * c, kThreads), kThreads, 0, s, acc, count, num_out, c);
   return last_launch_error();
 }
 
@@ -183,7 +183,8 @@ int avgpool_bwd_t(const void* dyv, const int32_t* count, int64_t c, const int32_
   const T* dy = static_cast<const T*>(dyv);
   A* dx = static_cast<A*>(dxv);
   return for_each_offset(offsets, kvol, c, [&](int64_t b, int64_t m) {
-    avgpool_bwd_kernel<T, A><<<grid_1d(m * c, kThreads), kThreads, 0, s>>>(dy, count, c, pin + b, pout + b, m, dx);
+    launch_kernel(avgpool_bwd_kernel<T, A>, grid_1d(m * c, kThreads), kThreads, 0, s, dy, count, c, pin + b, pout + b,
+        m, dx);
   });
 }
 
