@@ -58,8 +58,14 @@ def _get_indice_pairs_fake(indices, batch_size, spatial_shape, out_shape, ksize,
     kvol = 1
     for k in ksize:
         kvol *= k
-    num_out = indices.shape[0] if subm else ctx.new_dynamic_size()
+    num_in = indices.shape[0]
+    # Every input reaches at most kvol outputs, through at most kvol pairs: the bounds that let the
+    # graph's later size arithmetic (and the inverse conv's checks) resolve without guards.
+    num_out = num_in if subm else ctx.new_dynamic_size()
     num_pairs = ctx.new_dynamic_size()
+    if not subm:
+        torch._check(num_out <= num_in * kvol)
+    torch._check(num_pairs <= num_in * kvol)
     out_indices = indices.new_empty((num_out, indices.shape[1]))
     return (out_indices, indices.new_empty((num_pairs,)), indices.new_empty((num_pairs,)),
             indices.new_empty((kvol + 1,), dtype=torch.int64))
