@@ -6,7 +6,7 @@ inputs (raw features.f32 / indices.i32) and the expected checksum lines (expecte
     build/deploy/cpp/run_package build/deploy/model.pt2 build/deploy/features.f32 build/deploy/indices.i32 3
 
 Without --scan it uses the seeded synthetic scan; --crop Z Y X takes the densest window of that size.
-Timings (seconds) go to timings.json in --out.
+The input sizes and timings (seconds) go to run.json in --out.
 """
 import argparse
 import json
@@ -58,7 +58,7 @@ def main(argv=None):
 
     features, indices, shape = load_input(args.scan, args.crop)
     model = build(args.model, features.shape[1], shape)
-    timings = {"num_voxels": int(features.shape[0]), "spatial_shape": shape}
+    timings = {"num_voxels": int(features.shape[0]), "channels": int(features.shape[1]), "spatial_shape": shape}
     with torch.inference_mode():
         ref, timings["eager_s"] = timed(lambda: as_tuple(model(features, indices)), args.repeat)
 
@@ -84,7 +84,7 @@ def main(argv=None):
     expected = deploy.checksum_lines(ref)
     with open(os.path.join(args.out, "expected.txt"), "w") as f:
         f.write(expected + "\n")
-    with open(os.path.join(args.out, "timings.json"), "w") as f:
+    with open(os.path.join(args.out, "run.json"), "w") as f:
         json.dump(timings, f, indent=2)
     print(expected)
     print(json.dumps(timings))

@@ -34,6 +34,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch.autograd.function import once_differentiable
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from spconv import _backend  # loads the extension, which defines the ops; _backend.ops calls them
 
@@ -105,8 +106,17 @@ def _shape_ok(features, filters, maps, num_out) -> bool:
         return False
     if not (1 <= cin <= MAX_CHANNELS and 1 <= cout <= MAX_CHANNELS) or features.shape[1] != cin:
         return False
-    if int(num_out) != int(maps.num_out) or int(num_out) * kvol >= 2 ** 31 or maps.num_in * kvol >= 2 ** 31:
+    if guard_or_false(num_out != maps.num_out):
         return False
+    return _fits_int32(maps.num_out * kvol) and _fits_int32(maps.num_in * kvol)
+
+
+def _fits_int32(n) -> bool:
+    """``n < 2**31`` (the tables hold int32 row ids). A traced graph can't switch routes on a data-dependent
+    size, so there the route stays fused and the bound becomes a runtime assertion."""
+    if guard_or_false(n >= 2 ** 31):
+        return False
+    torch._check(n < 2 ** 31, lambda: "fused route: rows x kernel volume must stay below 2**31")
     return True
 
 

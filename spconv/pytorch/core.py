@@ -1,4 +1,5 @@
 """SparseConvTensor and the kernel-map records stored in its ``indice_dict`` (spconv 2.x: ``spconv.pytorch.core``)."""
+import math
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
@@ -112,7 +113,7 @@ def scatter_nd(indices: torch.Tensor, updates: torch.Tensor, shape: List[int]) -
     ret = torch.zeros(*shape, dtype=updates.dtype, device=updates.device)
     ndim = indices.shape[-1]
     flat = indices.long().reshape(-1, ndim)
-    strides = torch.tensor([int(np.prod(shape[i + 1:ndim])) for i in range(ndim)], dtype=torch.long,
+    strides = torch.tensor([math.prod(shape[i + 1:ndim]) for i in range(ndim)], dtype=torch.long,
                            device=indices.device)
     lin = (flat * strides).sum(-1)  # [0] for no rows, without a branch on the row count
     ret.view(-1, *shape[ndim:])[lin] = updates.reshape(-1, *shape[ndim:])

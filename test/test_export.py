@@ -1,0 +1,85 @@
+"""torch.export of sparse networks with a dynamic voxel count: every layer kind, the kernel-map sizes as
+unbacked symbols, and ep.module() giving eager's bits on inputs of other sizes."""
+import pytest
+import torch
+from torch import nn
+
+import spconv.pytorch as spconv
+from spconv import deploy
+from export_nets import EveryLayer, inputs
+
+
+def _equal(a, b):
+    return len(a) == len(b) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def exported():
+    torch.manual_seed(0)
+    model = EveryLayer().eval()
+    return model, deploy.export(model, *inputs(0, 0.3))
+
+
+def test_every_layer_kind_matches_eager_bitwise_at_other_sizes(exported):
+    model, ep = exported
+    run = ep.module()
+    with torch.no_grad():
+        for seed, density in ((0, 0.3), (1, 0.1), (2, 0.45)):
+            feats, idx = inputs(seed, density)
+            assert _equal(run(feats, idx), model(feats, idx)), (seed, density)
+
+
+def test_kernel_maps_are_graph_ops_with_unbacked_sizes(exported):
+    _, ep = exported
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    # one per map built: subm "s0" (shared by three convs), conv "d", max pool "mp", avg pool, transposed conv
+    assert targets.count(torch.ops.spconv.get_indice_pairs.default) == 5
+    unbacked = [s for s in ep.range_constraints if str(s).startswith("u")]
+    assert unbacked, ep.range_constraints  # output voxel counts and pair counts, never Python ints
+    (n_sym,) = [s for s in ep.range_constraints if not str(s).startswith("u")]
+    assert ep.range_constraints[n_sym].lower == 1  # the voxel count stays a symbol (no specialization)
+
+
+def test_voxel_count_is_dynamic_not_specialized():
+    torch.manual_seed(0)
+    net = spconv.SparseSequential(spconv.SparseConv3d(3, 4, 3, 2, 1), nn.BatchNorm1d(4), nn.ReLU())
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, features, indices):
+            return self.net(spconv.SparseConvTensor(features, indices, [10, 10, 12], 2)).features
+
+    model = M().eval()
+    ep = deploy.export(model, *inputs(0, 0.3))
+    with torch.no_grad():
+        feats, idx = inputs(3, 0.02)  # far fewer voxels than at export
+        assert torch.equal(ep.module()(feats, idx), model(feats, idx))
+
+
+def test_sparse_add_refuses_to_trace_with_a_reason():
+    class M(nn.Module):
+        def forward(self, features, indices):
+            a = spconv.SparseConvTensor(features, indices, [10, 10, 12], 2)
+            b = spconv.SparseConvTensor(features[:5], indices[:5], [10, 10, 12], 2)
+            return spconv.AddTableMisaligned()([a, b]).features
+
+    with pytest.raises(NotImplementedError, match="depend on which operand"):
+        deploy.export(M(), *inputs(0, 0.3))
+
+
+@pytest.mark.parametrize("bad, match", [((torch.zeros(3), torch.zeros(3, 4, dtype=torch.int32)), "features"),
+                                        ((torch.zeros(3, 3), torch.zeros(3, dtype=torch.int32)), "indices")])
+def test_export_names_the_bad_argument(bad, match):
+    with pytest.raises(ValueError, match=match):
+        deploy.export(EveryLayer().eval(), *bad)
+
+
+def test_checksum_sees_one_bit():
+    t = torch.linspace(-1, 1, 2000)
+    u = t.clone()
+    u.view(torch.int32)[1234] ^= 1
+    assert deploy.checksum(t) != deploy.checksum(u)
+    assert deploy.checksum(t) == deploy.checksum(t.clone())
