@@ -83,3 +83,19 @@ def test_checksum_sees_one_bit():
     u.view(torch.int32)[1234] ^= 1
     assert deploy.checksum(t) != deploy.checksum(u)
     assert deploy.checksum(t) == deploy.checksum(t.clone())
+
+
+def test_record_voxel_count_updates_the_exported_buffer():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = spconv.SparseConv3d(3, 4, 3, 2, 1, record_voxel_count=True)
+
+        def forward(self, features, indices):
+            return self.conv(spconv.SparseConvTensor(features, indices, [10, 10, 12], 2)).indices
+
+    ep = deploy.export(M().eval(), *inputs(0, 0.1))
+    run = ep.module()
+    run.conv.max_num_voxels_during_training.zero_()
+    out = run(*inputs(1, 0.3))
+    assert int(run.conv.max_num_voxels_during_training) == out.shape[0] > 0
