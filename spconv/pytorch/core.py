@@ -170,7 +170,7 @@ class SparseConvTensor:
         spatial_shape = [int(v) for v in spatial_shape]
         if len(spatial_shape) != ndim:
             raise ValueError(f"spatial_shape has {len(spatial_shape)} entries but indices have {ndim} coordinates")
-        check_equal(features.shape[0], indices.shape[0], "features must have one row per row of indices")
+        check_equal(features.shape[0], indices.shape[0], "features and indices must have the same number of rows")
         if features.device != indices.device:
             raise ValueError(f"features are on {features.device} but indices on {indices.device}")
         if int(batch_size) < 1:
