@@ -183,6 +183,58 @@ class PoolsAndTransposed(nn.Module):
         return {"unpooled": y, "transposed": self.trans(p), "pooled_dense": self.dense(p)}
 
 
+class Spconv1Checkpoint(nn.Module):
+    """Layers whose weights a spconv 1.x (mmcv) checkpoint stores transposed; ``c`` has Cin == Cout == k, so its
+    layout can't be told from the shape."""
+
+    def __init__(self, sp):
+        super().__init__()
+        self.a = sp.SubMConv3d(3, 5, 3, indice_key="s")
+        self.b = sp.SparseConv3d(5, 6, (3, 1, 1), 2, record_voxel_count=True, bias=False)
+        self.c = sp.SubMConv3d(4, 4, 4, bias=False)
+        self.bn = nn.BatchNorm1d(6)
+
+
+def mmdet3d_style_load(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                        error_msgs):
+    """What mmdetection3d installs as SparseModule._load_from_state_dict: runs the module's load pre-hooks, then
+    copies each parameter and buffer, moving the last axis to the front when the checkpoint's metadata version of
+    the module is not 2 (mmcv's spconv 1.x layout)."""
+    version = local_metadata.get("version", None)
+    for hook in self._load_state_dict_pre_hooks.values():
+        hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+    local = {k: v.data for k, v in list(self._parameters.items()) + list(self._buffers.items()) if v is not None}
+    for name, param in local.items():
+        key = prefix + name
+        if key not in state_dict:
+            if strict:
+                missing_keys.append(key)
+            continue
+        value = state_dict[key]
+        if version != 2:
+            value = value.permute(value.dim() - 1, *range(value.dim() - 1))
+        if value.shape != param.shape:
+            error_msgs.append(f"size mismatch for {key}")
+            continue
+        param.copy_(value)
+    if strict:
+        for key in state_dict:
+            if key.startswith(prefix):
+                head = key[len(prefix):].split(".", 1)[0]
+                if head not in self._modules and head not in local:
+                    unexpected_keys.append(key)
+
+
+def spconv1_state(model):
+    """The model's weights as an mmcv spconv 1.x checkpoint: conv weights (*k, Cin, Cout), metadata version 1."""
+    sd = model.state_dict()
+    out = type(sd)()
+    for k, v in sd.items():
+        out[k] = v.permute(*range(1, v.dim()), 0).contiguous() if k.endswith("weight") and v.dim() > 2 else v
+    out._metadata = {k: {"version": 1} for k in sd._metadata}
+    return out
+
+
 BUILDERS = {"pcdet_backbone8x": PcdetBackbone8x, "pcdet_unet": PcdetUNet, "mmdet3d_encoder": MmdetSparseEncoder,
             "pointcept_spunet": PointceptSpUNet, "centerpoint_resnet": CenterPointResNet,
             "pools_transposed": PoolsAndTransposed}

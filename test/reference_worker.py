@@ -47,6 +47,11 @@ REPR_SPECS = [
     "sp.ToDense()", "sp.RemoveGrid()", "sp.JoinTable()", "sp.AddTable()", "sp.ConcatTable()",
     "sp.SparseSequential(sp.SubMConv3d(4, 16, 3, bias=False, indice_key='subm1', algo=ConvAlgo.Native), "
     "torch.nn.BatchNorm1d(16), torch.nn.ReLU())",
+    # the base class, with a fused activation (cumm's tv.gemm.Activation) and a transposed output_padding
+    "sp.conv.SparseConvolution(3, 4, 8, 3, subm=True, act_type=tv.gemm.Activation.ReLU, algo=ConvAlgo.Native)",
+    "sp.conv.SparseConvolution(3, 4, 8, 3, subm=True, act_type=tv.gemm.Activation.LeakyReLU, act_alpha=0.1, "
+    "algo=ConvAlgo.Native)",
+    "sp.conv.SparseConvolution(2, 4, 8, 2, stride=2, transposed=True, output_padding=1, algo=ConvAlgo.Native)",
 ]
 # Built with the default algo: compared with the algo left out (the CPU-only build forces Native).
 DEFAULT_ALGO_REPR_SPECS = [
@@ -118,18 +123,28 @@ def _value(v):
     return f"<{type(v).__name__}>"
 
 
+def _float_or_none(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def collect_facts():
     import numpy as np
     import torch
     import spconv
     import spconv.pytorch as sp
     from spconv.core import ConvAlgo
-    ns = {"sp": sp, "torch": torch, "ConvAlgo": ConvAlgo}
+    import cumm.tensorview as tv  # the real cumm beside spconv 2.3.8; this package's stand-in here
+    ns = {"sp": sp, "torch": torch, "ConvAlgo": ConvAlgo, "tv": tv}
     facts = {}
     v = spconv.__version__
+    digits = [int(x) for x in v.split(".")] if re.fullmatch(r"[\d.]+", v) else None
     facts["version"] = {"digits_only": bool(re.fullmatch(r"\d+\.\d+\.\d+", v)),
-                        "numbers": list(getattr(spconv, "SPCONV_VERSION_NUMBERS", [])) == [int(x) for x in v.split(".")],
-                        "openpcdet_float_ge_2_2": float(v[2:]) >= 2.2, "mmdet3d_str_ge_2_0_0": v >= "2.0.0"}
+                        "numbers": list(getattr(spconv, "SPCONV_VERSION_NUMBERS", [])) == digits,
+                        "openpcdet_float_ge_2_2": _float_or_none(v[2:]) is not None and float(v[2:]) >= 2.2,
+                        "mmdet3d_str_ge_2_0_0": v >= "2.0.0"}
     classes = {f"spconv.pytorch.{n}": getattr(sp, n) for n in dir(sp)
                if inspect.isclass(getattr(sp, n)) and getattr(getattr(sp, n), "__module__", "").startswith("spconv")}
     classes.update({p: _resolve(p) for p in EXTRA_SIGNATURE_CLASSES})
@@ -185,6 +200,26 @@ def run_forward(job_dir, job):
     return {"nets": job["nets"], "dtypes": job["dtypes"]}
 
 
+def run_mmdet3d_load(job_dir, job):
+    """Loads an mmcv spconv 1.x checkpoint through an mmdetection3d-style SparseModule._load_from_state_dict; saves
+    the loaded state and the source state."""
+    import numpy as np
+    import torch
+    import spconv.pytorch as sp
+    nets = _load_sibling("client_nets")
+    src = nets.Spconv1Checkpoint(sp)
+    src.load_state_dict(nets.deterministic_state(src, torch.float32))
+    v1 = nets.spconv1_state(src)
+    sp.SparseModule._version = 2
+    sp.SparseModule._load_from_state_dict = nets.mmdet3d_style_load
+    dst = nets.Spconv1Checkpoint(sp)
+    dst.load_state_dict(v1, strict=True)
+    arrays = {f"src/{k}": v.numpy() for k, v in src.state_dict().items()}
+    arrays.update({f"loaded/{k}": v.numpy() for k, v in dst.state_dict().items()})
+    np.savez(os.path.join(job_dir, "mmdet3d_load.npz"), **arrays)
+    return {"metadata_version": dst.state_dict()._metadata["a"].get("version")}
+
+
 def run_voxels(job_dir, job):
     import numpy as np
     import cumm.tensorview as tv
@@ -209,6 +244,8 @@ def main(job_dir):
         result["facts"] = collect_facts()
     elif job["task"] == "forward":
         result["forward"] = run_forward(job_dir, job)
+    elif job["task"] == "mmdet3d_load":
+        result["mmdet3d_load"] = run_mmdet3d_load(job_dir, job)
     elif job["task"] == "voxels":
         result["voxels"] = run_voxels(job_dir, job)
     else:

@@ -8,7 +8,6 @@ test/data/spconv238_client_outputs.npz by reference_worker.py with the same weig
 """
 import os
 import re
-import tempfile
 
 import numpy as np
 import pytest
@@ -81,11 +80,11 @@ def test_live_networks_against_reference(tmp_path):
             assert np.array_equal(stored[k], fresh[k]) or _rel(stored[k], fresh[k]) < 1e-12, k
 
 
-def test_version_checks_clients_make_at_import():
+def test_version_checks_clients_make_at_import(monkeypatch):
     v = spconv.__version__
     assert re.fullmatch(r"\d+\.\d+\.\d+", v)
     assert float(v[2:]) >= 2.2  # OpenPCDet, then it turns the direct table off
-    spconv.constants.SPCONV_USE_DIRECT_TABLE = False
+    monkeypatch.setattr(spconv.constants, "SPCONV_USE_DIRECT_TABLE", False)  # settable, no effect here
     assert hasattr(spconv, "__version__") and v >= "2.0.0"  # mmdetection3d
     assert spconv.SPCONV_VERSION_NUMBERS == list(map(int, v.split("."))) and spconv.SPCONV_VERSION_NUMBERS >= [2, 2]
     assert spconv.AlgoHint.Fowrard.value == 1 and spconv.__dev_tag__
@@ -181,78 +180,29 @@ def test_ptv3_style_positional_encoding_keeps_sites():
     assert "cpe" in y.indice_dict
 
 
-class _Spconv1Checkpoint(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = sp.SubMConv3d(3, 5, 3, indice_key="s")
-        self.b = sp.SparseConv3d(5, 6, (3, 1, 1), 2, record_voxel_count=True, bias=False)
-        self.c = sp.SubMConv3d(4, 4, 4, bias=False)  # Cin == Cout == k: the layout can't be told from the shape
-        self.bn = nn.BatchNorm1d(6)
-
-
-def _mmdet3d_style_load(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                        error_msgs):
-    """What mmdetection3d installs as SparseModule._load_from_state_dict: runs the module's load pre-hooks, then
-    copies each parameter and buffer, moving the last axis to the front when the checkpoint's metadata version of
-    the module is not 2 (mmcv's spconv 1.x layout)."""
-    version = local_metadata.get("version", None)
-    for hook in self._load_state_dict_pre_hooks.values():
-        hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
-    local = {k: v.data for k, v in list(self._parameters.items()) + list(self._buffers.items()) if v is not None}
-    for name, param in local.items():
-        key = prefix + name
-        if key not in state_dict:
-            if strict:
-                missing_keys.append(key)
-            continue
-        value = state_dict[key]
-        if version != 2:
-            value = value.permute(value.dim() - 1, *range(value.dim() - 1))
-        if value.shape != param.shape:
-            error_msgs.append(f"size mismatch for {key}")
-            continue
-        param.copy_(value)
-    if strict:
-        for key in state_dict:
-            if key.startswith(prefix):
-                head = key[len(prefix):].split(".", 1)[0]
-                if head not in self._modules and head not in local:
-                    unexpected_keys.append(key)
-
-
-def _spconv1_state(model):
-    """The model's weights as an mmcv spconv 1.x checkpoint: conv weights (*k, Cin, Cout), metadata version 1."""
-    sd = model.state_dict()
-    out = type(sd)()
-    for k, v in sd.items():
-        out[k] = v.permute(*range(1, v.dim()), 0).contiguous() if k.endswith("weight") and v.dim() > 2 else v
-    out._metadata = {k: {"version": 1} for k in sd._metadata}
-    return out
-
-
 def test_mmdet3d_checkpoint_loading(monkeypatch):
     torch.manual_seed(0)
-    src = _Spconv1Checkpoint()
+    src = nets.Spconv1Checkpoint(sp)
     src.b.get_max_num_voxels().fill_(7)
-    v1 = _spconv1_state(src)
+    v1 = nets.spconv1_state(src)
     # mmdetection3d's path: its SparseModule._load_from_state_dict reaches every conv (as in spconv 2.x) and
     # permutes the 1.x weights, ambiguous shapes included; the shape-based conversion here stands aside.
     monkeypatch.setattr(sp.SparseModule, "_version", 2)
-    monkeypatch.setattr(sp.SparseModule, "_load_from_state_dict", _mmdet3d_style_load)
-    dst = _Spconv1Checkpoint()
+    monkeypatch.setattr(sp.SparseModule, "_load_from_state_dict", nets.mmdet3d_style_load)
+    dst = nets.Spconv1Checkpoint(sp)
     dst.load_state_dict(v1, strict=True)
     for k, v in src.state_dict().items():
         assert torch.equal(dst.state_dict()[k], v), k
     # a checkpoint saved under the patch (metadata version 2) loads unpermuted
     saved = dst.state_dict()
     assert saved._metadata["a"]["version"] == 2
-    again = _Spconv1Checkpoint()
+    again = nets.Spconv1Checkpoint(sp)
     again.load_state_dict(saved, strict=True)
     assert all(torch.equal(again.state_dict()[k], v) for k, v in saved.items())
     monkeypatch.undo()
     # Plain loading of the same 1.x checkpoint: the weights are converted from their shape, except the ambiguous
     # one (taken as 2.x), which needs SPCONV_SAVED_WEIGHT_LAYOUT=RSCK.
-    plain = _Spconv1Checkpoint()
+    plain = nets.Spconv1Checkpoint(sp)
     plain.load_state_dict(v1, strict=True)
     for k in ("a.weight", "b.weight", "a.bias", "b.max_num_voxels_during_training"):
         assert torch.equal(plain.state_dict()[k], src.state_dict()[k]), k
@@ -260,6 +210,26 @@ def test_mmdet3d_checkpoint_loading(monkeypatch):
     only_c = {k: v for k, v in v1.items() if k.startswith("c.")}
     plain.c.load_state_dict({k[2:]: v for k, v in only_c.items()})
     assert torch.equal(plain.c.weight, src.c.weight)
+
+
+def test_live_mmdet3d_loading_against_reference(tmp_path, monkeypatch):
+    python = os.environ.get("SPCONV_REFERENCE_PYTHON")
+    if not python:
+        pytest.skip("SPCONV_REFERENCE_PYTHON is not set (an interpreter importing the real spconv 2.3.8)")
+    from spconv.benchmark import compare
+    result = compare.run_worker(compare.resolve_target(python), WORKER, str(tmp_path), {"task": "mmdet3d_load"},
+                                timeout_s=600)
+    assert result["mmdet3d_load"]["metadata_version"] == 2
+    src = nets.Spconv1Checkpoint(sp)
+    src.load_state_dict(nets.deterministic_state(src, torch.float32))
+    monkeypatch.setattr(sp.SparseModule, "_version", 2)
+    monkeypatch.setattr(sp.SparseModule, "_load_from_state_dict", nets.mmdet3d_style_load)
+    dst = nets.Spconv1Checkpoint(sp)
+    dst.load_state_dict(nets.spconv1_state(src), strict=True)
+    with np.load(tmp_path / "mmdet3d_load.npz") as theirs:
+        for k, v in dst.state_dict().items():
+            np.testing.assert_array_equal(v.numpy(), theirs[f"loaded/{k}"], err_msg=k)  # what spconv 2.3.8 loads
+            np.testing.assert_array_equal(theirs[f"src/{k}"], src.state_dict()[k].numpy(), err_msg=k)
 
 
 def test_voxel_counter_checkpoints_load_both_ways():
@@ -279,6 +249,47 @@ def test_voxel_counter_checkpoints_load_both_ways():
     assert int(fresh.get_max_num_voxels()) == max(11, fresh(x).indices.shape[0])
 
 
+# Synthetic xyz + intensity points and generator settings whose spconv 2.3.8 results are in
+# test/data/spconv238_voxels.npz (a cap that binds, 2-D, and 4-D with intensity as the fourth axis).
+VOXELS_CAPTURED = os.path.join(HERE, "data", "spconv238_voxels.npz")
+VOXEL_CONFIGS = [[3, [0.8, 0.8, 0.5], [-10, -10, -2, 10, 10, 1], 20000, 5],
+                 [3, [2.0, 2.0, 5.0], [-12, -12, -3, 12, 12, 2], 100, 8],
+                 [2, [1.5, 1.5], [-12, -12, 12, 12], 5000, 3],
+                 [4, [2, 2, 1, 0.5], [-12, -12, -3, 0, 12, 12, 2, 1], 5000, 4]]
+
+
+def _voxel_points():
+    rs = np.random.RandomState(5)  # numpy's legacy stream: fixed across versions
+    xyz = rs.uniform([-12, -12, -3], [12, 12, 2], size=(3000, 3))
+    return np.concatenate([xyz, rs.uniform(0, 1, size=(3000, 1))], 1).astype(np.float32)
+
+
+def _voxelize(points, configs):
+    """OpenPCDet's data-processor call: Point2VoxelCPU*(...).point_to_voxel(tv.from_numpy(points)), .numpy()."""
+    import cumm.tensorview as tv
+    import spconv.utils as su
+    out = []
+    for ndim, vsize, rng, max_voxels, max_points in configs:
+        gen = getattr(su, f"Point2VoxelCPU{ndim}d")(vsize, rng, points.shape[1], max_voxels, max_points)
+        results = gen.point_to_voxel(tv.from_numpy(points))
+        assert all(isinstance(r, tv.Tensor) for r in results)
+        out.append(dict(zip(("voxels", "coords", "num"), (r.numpy() for r in results)), grid_size=gen.grid_size))
+    return out
+
+
+def _check_voxels(mine, ref):
+    assert mine["grid_size"] == ref["grid_size"].tolist()
+    for key in ("coords", "num", "voxels"):
+        assert mine[key].dtype == ref[key].dtype, key
+        np.testing.assert_array_equal(mine[key], ref[key])
+
+
+def test_voxel_generation_matches_spconv238():
+    with np.load(VOXELS_CAPTURED) as ref:
+        for i, mine in enumerate(_voxelize(_voxel_points(), VOXEL_CONFIGS)):
+            _check_voxels(mine, {k.split("/", 1)[1]: ref[k] for k in ref.files if k.startswith(f"{i}/")})
+
+
 def _points_file():
     for folder in (os.environ.get("SPCONV_TEST_DATA", ""), os.path.join(ROOT, "shared", "data"),
                    os.path.join(ROOT, "..", "shared", "data")):
@@ -289,29 +300,24 @@ def _points_file():
 
 
 def test_live_voxel_generation_against_reference(tmp_path):
-    """OpenPCDet's pipeline, Point2VoxelCPU3d(...).point_to_voxel(tv.from_numpy(points)), on both sides."""
+    """The same pipeline on both sides, on the real scan where it is here, and on the captured synthetic points."""
     python = os.environ.get("SPCONV_REFERENCE_PYTHON")
     if not python:
         pytest.skip("SPCONV_REFERENCE_PYTHON is not set (an interpreter importing the real spconv 2.3.8)")
-    import cumm.tensorview as tv
-    import spconv.utils as su
     from spconv.benchmark import compare
-    path = _points_file()
-    if path is None:  # synthetic scan when the real one isn't here
-        rs = np.random.RandomState(3)
-        path = str(tmp_path / "points.npz")
-        np.savez(path, pc=rs.uniform([-60, -60, -4], [60, 60, 2], size=(50000, 3)).astype(np.float32))
-    configs = [[3, [0.05, 0.05, 0.1], [0, -40, -3, 70.4, 40, 1], 16000, 5],
-               [3, [0.2, 0.2, 0.2], [-50, -50, -5, 50, 50, 3], 40000, 10],
-               [1, [0.1], [-50, 50], 5000, 4]]
-    job = {"task": "voxels", "points": path, "configs": configs}
-    compare.run_worker(compare.resolve_target(python), WORKER, str(tmp_path), job, timeout_s=600)
-    points = np.load(path)["pc"]
-    for i, (ndim, vsize, rng, max_voxels, max_points) in enumerate(configs):
-        gen = getattr(su, f"Point2VoxelCPU{ndim}d")(vsize, rng, points.shape[1], max_voxels, max_points)
-        voxels, coords, num = (t.numpy() for t in gen.point_to_voxel(tv.from_numpy(points)))
-        with np.load(tmp_path / f"vox_{i}.npz") as ref:
-            assert gen.grid_size == ref["grid_size"].tolist()
-            np.testing.assert_array_equal(coords, ref["coords"])
-            np.testing.assert_array_equal(num, ref["num"])
-            np.testing.assert_array_equal(voxels, ref["voxels"])
+    target = compare.resolve_target(python)
+    cases = [(str(tmp_path / "synthetic.npz"), VOXEL_CONFIGS)]
+    np.savez(cases[0][0], pc=_voxel_points())
+    scan = _points_file()
+    if scan is not None:
+        cases.append((scan, [[3, [0.05, 0.05, 0.1], [0, -40, -3, 70.4, 40, 1], 16000, 5],
+                             [3, [0.2, 0.2, 0.2], [-50, -50, -5, 50, 50, 3], 40000, 10],
+                             [1, [0.1], [-50, 50], 5000, 4]]))
+    for n, (path, configs) in enumerate(cases):
+        job_dir = tmp_path / f"job{n}"
+        job_dir.mkdir()
+        compare.run_worker(target, WORKER, str(job_dir), {"task": "voxels", "points": path, "configs": configs},
+                           timeout_s=600)
+        for i, mine in enumerate(_voxelize(np.load(path)["pc"], configs)):
+            with np.load(job_dir / f"vox_{i}.npz") as ref:
+                _check_voxels(mine, {k: ref[k] for k in ref.files})

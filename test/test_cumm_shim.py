@@ -181,3 +181,24 @@ def test_build_puts_the_pth_at_the_top_of_the_wheel(tmp_path):
     for rel in ("spconv/_cumm/finder.py", "spconv/_cumm/shim/cumm/__init__.py",
                 "spconv/_cumm/shim/cumm/tensorview/__init__.py", "spconv/_cumm/shim/cumm/tensorview/gemm.py"):
         assert (tmp_path / rel).is_file(), rel
+
+
+def test_a_broken_real_cumm_is_left_alone_and_voxelization_still_works(tmp_path):
+    # A real cumm that fails to import (e.g. a missing dependency) keeps failing as it would without spconv: the
+    # stand-in never hides it; spconv.utils falls back to the stand-in's tensors for its own results.
+    broken = tmp_path / "broken" / "cumm"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("import a_module_that_is_not_installed\n")
+    out = _run("""
+        import numpy as np
+        import spconv.utils as su
+        try:
+            import cumm
+            print("imported")
+        except ImportError:
+            print("ImportError")
+        res = su.Point2VoxelCPU3d([1, 1, 1], [0, 0, 0, 4, 4, 4], 3, 10, 2).point_to_voxel(
+            np.random.rand(20, 3).astype(np.float32) * 4)
+        print(type(res[0]).__module__, res[1].shape[1])
+    """, [str(tmp_path / "broken"), ROOT], str(tmp_path))
+    assert out.split() == ["ImportError", "spconv._cumm.shim.cumm.tensorview", "3"]

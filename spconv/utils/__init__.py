@@ -28,8 +28,12 @@ __all__ = ["Point2VoxelCPU1d", "Point2VoxelCPU2d", "Point2VoxelCPU3d", "Point2Vo
 
 
 def _tensorview():
-    """``cumm.tensorview`` as callers see it: the real one where installed, else this package's stand-in."""
-    import cumm.tensorview as tv
+    """``cumm.tensorview`` as callers see it: the real one where installed, else this package's stand-in (also
+    when an installed cumm fails to import)."""
+    try:
+        import cumm.tensorview as tv
+    except ImportError:
+        import spconv._cumm.shim.cumm.tensorview as tv
     return tv
 
 
