@@ -99,3 +99,26 @@ def test_record_voxel_count_updates_the_exported_buffer():
     run.conv.max_num_voxels_during_training.zero_()
     out = run(*inputs(1, 0.3))
     assert int(run.conv.max_num_voxels_during_training) == out.shape[0] > 0
+
+
+def test_layers_after_an_empty_output_run_on_zero_rows():
+    # A stride-3 kernel-2 conv has no output for an input at coordinate 2: the traced graph still runs the
+    # BatchNorm/ReLU/SubM after it (eager skips the dense modules), on zero rows, with the same result.
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = spconv.SparseSequential(spconv.SparseConv3d(3, 4, 2, 3), nn.BatchNorm1d(4), nn.ReLU(),
+                                               spconv.SubMConv3d(4, 4, 3))
+
+        def forward(self, features, indices):
+            out = self.net(spconv.SparseConvTensor(features, indices, [10, 10, 12], 2))
+            return out.features, out.dense()
+
+    model = M().eval()
+    run = deploy.export(model, *inputs(0, 0.3)).module()
+    feats, idx = torch.randn(1, 3), torch.tensor([[0, 2, 2, 2]], dtype=torch.int32)
+    with torch.no_grad():
+        ref, out = model(feats, idx), run(feats, idx)
+    assert ref[0].shape[0] == 0 and _equal(out, ref)

@@ -1,4 +1,4 @@
-"""torch.export through the GPU code (run on the CPU by the HIP CPU build, see conftest's gpu_code_on_cpu): the
+"""torch.export through the GPU code (run on the CPU by the HIP CPU build; spconv._backend.gpu_code_on_cpu): the
 fused route's tables and convolutions and the GPU kernel maps trace with data-dependent sizes, and the
 exported module gives the eager GPU route's bits at other voxel counts."""
 import pytest
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import spconv.pytorch as spconv
-from spconv import deploy
+from spconv import _backend, deploy
 from export_nets import inputs
 
 pytestmark = pytest.mark.hip_cpu
@@ -26,15 +26,16 @@ class Net(nn.Module):
         return out.features, out.indices
 
 
-def test_export_through_the_gpu_code(gpu_code_on_cpu):
+def test_export_through_the_gpu_code(hip_cpu):
     torch.manual_seed(0)
     model = Net().eval()
-    ep = deploy.export(model, *inputs(0, 0.2))
-    ns = gpu_code_on_cpu.name
-    called = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    assert {ns + ".get_indice_pairs.default", ns + ".fused_conv.default"} <= called, sorted(called)
-    with torch.no_grad():
-        for seed, density in ((1, 0.1), (2, 0.3)):
-            feats, idx = inputs(seed, density)
-            ref, out = model(feats, idx), ep.module()(feats, idx)
-            assert all(torch.equal(a, b) for a, b in zip(out, ref)), (seed, density)
+    with _backend.gpu_code_on_cpu(hip_cpu.name):
+        ep = deploy.export(model, *inputs(0, 0.2))
+        called = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+        assert {hip_cpu.name + ".get_indice_pairs.default", hip_cpu.name + ".fused_conv.default"} <= called, \
+            sorted(called)
+        with torch.no_grad():
+            for seed, density in ((1, 0.1), (2, 0.3)):
+                feats, idx = inputs(seed, density)
+                ref, out = model(feats, idx), ep.module()(feats, idx)
+                assert all(torch.equal(a, b) for a, b in zip(out, ref)), (seed, density)
