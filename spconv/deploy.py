@@ -30,15 +30,19 @@ def export(model: torch.nn.Module, features: torch.Tensor, indices: torch.Tensor
 
 
 @contextlib.contextmanager
-def eager_batch_norm() -> Iterator[None]:
-    """Inductor compiles eval-mode batch norm as its own pointwise code, whose rounding differs from ATen's
-    kernel (about 1 ulp); without that decomposition it calls the ATen kernel, so the compiled model gives
-    eager's bits. Not thread-safe (it edits Inductor's decomposition table for the duration)."""
+def bitwise_inductor() -> Iterator[None]:
+    """Inductor compiles (torch.compile's first call, AOTI packaging) inside this give eager's bits on the CPU.
+
+    Two Inductor rewrites round differently from eager, by about an ulp: its own code for eval-mode batch norm
+    (without that decomposition it calls ATen's kernel) and the pattern passes (``mm + bias`` becomes ``addmm``,
+    which accumulates the bias inside the GEMM: the 1x1 convs). Not thread-safe: it edits Inductor's
+    decomposition table and config for the duration."""
     from torch._inductor.decomposition import decompositions
     op = torch.ops.aten._native_batch_norm_legit_no_training.default
     saved = decompositions.pop(op, None)
     try:
-        yield
+        with torch._inductor.config.patch(pattern_matcher=False):
+            yield
     finally:
         if saved is not None:
             decompositions[op] = saved
@@ -46,9 +50,9 @@ def eager_batch_norm() -> Iterator[None]:
 
 def aoti_compile_and_package(ep: torch.export.ExportedProgram, package_path: str, bitwise: bool = True,
                              **kwargs) -> str:
-    """``torch._inductor.aoti_compile_and_package`` with batch norm left to ATen when ``bitwise`` (the package
+    """``torch._inductor.aoti_compile_and_package``, inside ``bitwise_inductor`` when ``bitwise`` (the package
     then reproduces eager's outputs bit for bit on the CPU)."""
-    with eager_batch_norm() if bitwise else contextlib.nullcontext():
+    with bitwise_inductor() if bitwise else contextlib.nullcontext():
         return torch._inductor.aoti_compile_and_package(ep, package_path=package_path, **kwargs)
 
 

@@ -90,3 +90,17 @@ def test_fullgraph_inference_matches_eager_bitwise():
             feats, idx = every_layer_inputs(seed, density)
             out, ref = compiled(feats, idx), model(feats, idx)
             assert all(torch.equal(a, b) for a, b in zip(out, ref)), (seed, density)
+
+
+def test_fullgraph_inductor_matches_eager_bitwise_inside_bitwise_inductor():
+    from spconv import deploy
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = EveryLayer().eval()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), torch.no_grad(), \
+            deploy.bitwise_inductor():
+        compiled = torch.compile(model, fullgraph=True, dynamic=True)
+        for seed, density in ((0, 0.3), (1, 0.1)):  # compiled at the first call, inside the context
+            feats, idx = every_layer_inputs(seed, density)
+            out, ref = compiled(feats, idx), model(feats, idx)
+            assert all(torch.equal(a, b) for a, b in zip(out, ref)), (seed, density)
