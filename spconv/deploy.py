@@ -60,10 +60,9 @@ def checksum(t: torch.Tensor) -> str:
     """Hex digest of a tensor's bits: sum of (32-bit word i) * (i mod 1000003 + 1), modulo 2**64.
 
     One changed bit changes it; the C++ example computes the same over the same words."""
-    a = t.detach().cpu().contiguous().numpy()
-    words = np.frombuffer(a.tobytes(), dtype=np.uint32) if a.nbytes % 4 == 0 else None
-    if words is None:
-        raise ValueError(f"checksum needs a tensor of 4-byte multiples, got dtype {t.dtype}")
+    if t.element_size() % 4:
+        raise ValueError(f"checksum needs a tensor of 4- or 8-byte elements, got dtype {t.dtype}")
+    words = np.frombuffer(t.detach().cpu().contiguous().numpy().tobytes(), dtype=np.uint32)
     weights = (np.arange(words.size, dtype=np.uint64) % np.uint64(_CHECKSUM_PERIOD)) + np.uint64(1)
     total = int(np.sum(words.astype(np.uint64) * weights, dtype=np.uint64))
     return "%016x" % total

@@ -122,3 +122,16 @@ def test_layers_after_an_empty_output_run_on_zero_rows():
     with torch.no_grad():
         ref, out = model(feats, idx), run(feats, idx)
     assert ref[0].shape[0] == 0 and _equal(out, ref)
+
+
+def test_batch_size_argument_is_a_constant_of_the_graph():
+    from _reference import random_sparse
+    from spconv.benchmark.deploy_models import build
+    model = build("basic", 3, [64, 64, 64])  # forward(features, indices, batch_size)
+    x = random_sparse(3, [64, 64, 64], 2, 3, density=0.002, seed=0)
+    run = deploy.export(model, x.features, x.indices, 2).module()
+    y = random_sparse(3, [64, 64, 64], 2, 3, density=0.003, seed=1)
+    with torch.no_grad():
+        assert _equal(run(y.features, y.indices, 2), model(y.features, y.indices, 2))
+    with pytest.raises(Exception, match="batch_size"):
+        run(y.features, y.indices, 3)
