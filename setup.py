@@ -11,6 +11,7 @@ Environment:
 import glob
 import os
 import sys
+import sysconfig
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
@@ -113,11 +114,17 @@ ext = CppExtension(
     **ext_kwargs,
 )
 
+# The same library serves C++ programs (spconv/share/cmake/Spconv): it needs no libtorch_python (no pybind11
+# here) and no libpython (csrc/module.cpp), and gets a soname so that a program linking it finds it by rpath.
+ext.libraries = [lib for lib in ext.libraries if lib != "torch_python"]
+ext.extra_link_args.append("-Wl,-soname,_C_hip" + sysconfig.get_config_var("EXT_SUFFIX"))
+
 setup(
     name="spconv-hip",
     version=VERSION,
     description="Sparse convolution for PyTorch (spconv 2.x API) with HIP GPU kernels and a native C++ route",
     packages=find_packages(include=["spconv", "spconv.*"]),
+    package_data={"spconv": ["include/spconv/*.h", "share/cmake/Spconv/*.cmake"]},
     ext_modules=[] if os.environ.get("SPCONV_SKIP_EXTENSION") == "1" else [ext],
     cmdclass={"build_ext": build_ext_cls, "build_py": BuildPyWithPth,
               "editable_wheel": EditableWheelWithPth},

@@ -59,6 +59,15 @@ def on_op_library(hook) -> None:
         hook(ns)
 
 
+def register_fake(name: str):
+    """Decorator: the fake kernel (torch.compile / torch.export) of operator ``name`` in every op library,
+    so that the test builds trace like the spconv library."""
+    def decorate(fn):
+        on_op_library(lambda ns: torch.library.register_fake("%s::%s" % (ns, name), fn))
+        return fn
+    return decorate
+
+
 def runs_gpu_code(device: torch.device) -> bool:
     """Whether tensors on ``device`` go through the GPU glue: on a GPU, or on the CPU inside gpu_code_on_cpu."""
     return device.type == "cuda" or (_gpu_code_on_cpu and device.type == "cpu")

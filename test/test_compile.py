@@ -1,5 +1,6 @@
 """torch.compile on a model with sparse layers: runs, matches eager forward and backward, and breaks the graph only
-where a kernel map is built (get_indice_pairs has a data-dependent output size)."""
+where a kernel map is built (get_indice_pairs has a data-dependent output size), unless dynamo captures such ops
+(capture_dynamic_output_shape_ops): then inference models compile with fullgraph=True."""
 import os
 
 import pytest
@@ -8,6 +9,8 @@ from torch import nn
 
 import spconv.pytorch as spconv
 from _reference import random_sparse
+from export_nets import EveryLayer
+from export_nets import inputs as every_layer_inputs
 
 SHAPE = [8, 8, 8]
 
@@ -68,3 +71,36 @@ def test_compiled_matches_eager(backend):
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
         for a, b in zip([f_comp.grad] + [p.grad for p in model.parameters()], ref_grads):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_no_graph_break_when_dynamic_output_shapes_are_captured():
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        explanation = torch._dynamo.explain(Model().eval())(*_inputs())
+    assert explanation.graph_break_count == 0, [str(b.reason) for b in explanation.break_reasons]
+
+
+def test_fullgraph_inference_matches_eager_bitwise():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = EveryLayer().eval()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+        for seed, density in ((0, 0.3), (1, 0.1)):
+            feats, idx = every_layer_inputs(seed, density)
+            out, ref = compiled(feats, idx), model(feats, idx)
+            assert all(torch.equal(a, b) for a, b in zip(out, ref)), (seed, density)
+
+
+def test_fullgraph_inductor_matches_eager_bitwise_inside_bitwise_inductor():
+    from spconv import deploy
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = EveryLayer().eval()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), torch.no_grad(), \
+            deploy.bitwise_inductor():
+        compiled = torch.compile(model, fullgraph=True, dynamic=True)
+        for seed, density in ((0, 0.3), (1, 0.1)):  # compiled at the first call, inside the context
+            feats, idx = every_layer_inputs(seed, density)
+            out, ref = compiled(feats, idx), model(feats, idx)
+            assert all(torch.equal(a, b) for a, b in zip(out, ref)), (seed, density)

@@ -13,5 +13,7 @@ for pkg in numpy:numpy pytest:pytest hypothesis:hypothesis ninja:ninja setuptool
            tqdm:tqdm matplotlib:matplotlib; do
   $PY -c "import ${pkg%%:*}" 2>/dev/null || $PY -m pip install -q "${pkg##*:}"
 done
+# cmake builds the C++ deployment example (test/test_deploy_cpp.py).
+command -v cmake >/dev/null || $PY -m pip install -q cmake
 $PY tools/build_inplace.py
 $PY -m spconv --info >/dev/null

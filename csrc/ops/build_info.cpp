@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "../../spconv/include/spconv/ops.h"  // the public header ships inside the Python package
+
 // setup.py defines these; the defaults keep a hand build honest.
 #ifndef SPCONV_GPU_BACKEND
 #define SPCONV_GPU_BACKEND "none"
@@ -29,3 +31,9 @@ std::string build_info_json() {
 }
 
 }  // namespace spconv
+
+// The C entry point of spconv/include/spconv/ops.h (a stable name for C++ programs).
+extern "C" SPCONV_API const char* spconv_build_info(void) {
+  static const std::string info = spconv::build_info_json();
+  return info.c_str();
+}

@@ -34,6 +34,7 @@ from typing import Optional, Tuple
 
 import torch
 from torch.autograd.function import once_differentiable
+from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
 from spconv import _backend  # loads the extension, which defines the ops; _backend.ops calls them
 
@@ -45,7 +46,7 @@ NUM_SPLITS = 1
 
 
 # ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----
-@torch.library.register_fake("spconv::build_fused_map")
+@_backend.register_fake("build_fused_map")
 def _build_fused_map_fake(pair_in, pair_out, pair_offsets, num_rows, num_splits):
     kvol = pair_offsets.shape[0] - 1
     nbr = pair_in.new_empty((num_rows, kvol), dtype=torch.int32)
@@ -54,12 +55,12 @@ def _build_fused_map_fake(pair_in, pair_out, pair_offsets, num_rows, num_splits)
     return nbr, masks, order
 
 
-@torch.library.register_fake("spconv::fused_conv")
+@_backend.register_fake("fused_conv")
 def _fused_conv_fake(features, filters, nbr, masks, order):
     return features.new_empty((nbr.shape[0], filters.shape[2]))
 
 
-@torch.library.register_fake("spconv::fused_conv_dfilter")
+@_backend.register_fake("fused_conv_dfilter")
 def _fused_conv_dfilter_fake(features, out_grad, pair_in, pair_out, pair_offsets):
     return features.new_empty((pair_offsets.shape[0] - 1, features.shape[1], out_grad.shape[1]))
 
@@ -105,8 +106,21 @@ def _shape_ok(features, filters, maps, num_out) -> bool:
         return False
     if not (1 <= cin <= MAX_CHANNELS and 1 <= cout <= MAX_CHANNELS) or features.shape[1] != cin:
         return False
-    if int(num_out) != int(maps.num_out) or int(num_out) * kvol >= 2 ** 31 or maps.num_in * kvol >= 2 ** 31:
+    if guard_or_false(num_out != maps.num_out):
         return False
+    return _fits_int32(maps.num_out * kvol) and _fits_int32(maps.num_in * kvol)
+
+
+def _fits_int32(n) -> bool:
+    """``n < 2**31`` (the tables hold int32 row ids). A traced graph keeps eager's route (same bits) and
+    checks the bound when it runs: an assertion on a host scalar, since a guard on a size that involves the
+    graph's inputs would specialize the voxel count."""
+    if statically_known_true(n < 2 ** 31):  # plain ints: just the comparison
+        return True
+    if not isinstance(n, torch.SymInt):
+        return False
+    torch._assert_async(torch.scalar_tensor(n, dtype=torch.int64) < 2 ** 31,
+                        "fused route: rows x kernel volume must stay below 2**31")
     return True
 
 

@@ -21,6 +21,7 @@ import torch
 from spconv import _backend
 from spconv.core import ConvAlgo
 from spconv.pytorch import ops as _native
+from spconv.pytorch._symsize import as_size
 from spconv.pytorch.core import PairMaps, pairs_to_spconv_layout
 
 _ops = _backend.ops  # the selected op library (torch.ops.spconv unless a test swaps it)
@@ -304,4 +305,4 @@ def global_pool_rearrange(out_indices: torch.Tensor, batch_size: int) -> Tuple[t
 
 def maximum_value_int_(ten: torch.Tensor, value: int) -> torch.Tensor:
     """In place: ``ten = max(ten, value)`` (spconv's voxel-count recorder)."""
-    return ten.clamp_(min=int(value))
+    return ten.clamp_(min=as_size(value))  # a SymInt while tracing

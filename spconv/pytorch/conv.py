@@ -21,6 +21,7 @@ from spconv.pytorch import _checkpoint, ops
 # ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
 from spconv.pytorch.core import (ImplicitGemmIndiceData, IndiceData, SparseConvTensor,  # noqa: F401
                                  check_unique_indices, expand_nd)
+from spconv.pytorch._symsize import check_equal
 from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
 from spconv.pytorch.functional import conv_features, weight_to_filters
 from spconv.pytorch.modules import SparseModule
@@ -250,7 +251,7 @@ class SparseConvolution(SparseConvolutionBase, SparseModule):
                     padding=self.padding)
         counter = self.get_max_num_voxels()
         if counter is not None:  # spconv 2.x records in training and inference alike
-            ops.maximum_value_int_(counter, int(outids.shape[0]))
+            ops.maximum_value_int_(counter, outids.shape[0])
         out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
         return input.with_structure(self._finish(out, bias), outids, out_spatial_shape, indice_dict)
 
@@ -265,9 +266,8 @@ class SparseConvolution(SparseConvolutionBase, SparseModule):
         if inp.spatial_shape != datas.spatial_shape:
             raise ValueError(f"subm layers sharing indice_key {key!r} must see the same spatial_shape: stored "
                              f"{datas.spatial_shape}, input {inp.spatial_shape}")
-        if inp.indices.shape[0] != datas.indices.shape[0]:
-            raise ValueError(f"subm layers sharing indice_key {key!r} must see the same voxels: stored "
-                             f"{datas.indices.shape[0]}, input {inp.indices.shape[0]}")
+        check_equal(inp.indices.shape[0], datas.indices.shape[0],
+                    f"subm layers sharing indice_key {key!r} must see the same voxels (voxel count)")
 
     def _check_inverse_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
         key = self.indice_key
@@ -277,9 +277,9 @@ class SparseConvolution(SparseConvolutionBase, SparseModule):
         if inp.spatial_shape != datas.out_spatial_shape:
             raise ValueError(f"inverse conv with indice_key {key!r} expects spatial_shape "
                              f"{datas.out_spatial_shape} (the inverted conv's output), input {inp.spatial_shape}")
-        if inp.indices.shape[0] != datas.out_indices.shape[0]:
-            raise ValueError(f"inverse conv with indice_key {key!r} expects {datas.out_indices.shape[0]} voxels "
-                             f"(the inverted conv's output), input has {inp.indices.shape[0]}")
+        check_equal(inp.indices.shape[0], datas.out_indices.shape[0],
+                    f"inverse conv with indice_key {key!r} expects the voxels of the inverted conv's output "
+                    "(voxel count)")
 
 
 # The Nd classes take spconv 2.3.8's arguments in its order, with its defaults, so a positional call means what it

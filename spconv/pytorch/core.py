@@ -1,10 +1,12 @@
 """SparseConvTensor and the kernel-map records stored in its ``indice_dict`` (spconv 2.x: ``spconv.pytorch.core``)."""
+import math
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import torch
 
 from spconv.core import ConvAlgo
+from spconv.pytorch._symsize import as_size, check_equal, surely_zero
 
 
 def expand_nd(ndim: int, val: Union[int, List[int], tuple], name: str = "value") -> List[int]:
@@ -30,8 +32,8 @@ class PairMaps:
         self.pair_in = pair_in
         self.pair_out = pair_out
         self.pair_offsets = pair_offsets
-        self.num_in = int(num_in)
-        self.num_out = int(num_out)
+        self.num_in = as_size(num_in)  # SymInts while tracing
+        self.num_out = as_size(num_out)
         self.cache: Dict[str, Any] = {}
         self._reversed: Optional["PairMaps"] = None
 
@@ -111,19 +113,22 @@ def scatter_nd(indices: torch.Tensor, updates: torch.Tensor, shape: List[int]) -
     ret = torch.zeros(*shape, dtype=updates.dtype, device=updates.device)
     ndim = indices.shape[-1]
     flat = indices.long().reshape(-1, ndim)
-    strides = torch.tensor([int(np.prod(shape[i + 1:ndim])) for i in range(ndim)], dtype=torch.long,
+    strides = torch.tensor([math.prod(shape[i + 1:ndim]) for i in range(ndim)], dtype=torch.long,
                            device=indices.device)
-    lin = (flat * strides).sum(-1) if flat.numel() else flat.new_zeros((0,))
+    lin = (flat * strides).sum(-1)  # [0] for no rows, without a branch on the row count
     ret.view(-1, *shape[ndim:])[lin] = updates.reshape(-1, *shape[ndim:])
     return ret
 
 
 def check_indices_in_grid(indices: torch.Tensor, spatial_shape: List[int], batch_size: int):
     """ValueError naming the first row with a batch index or coordinate outside ``[0, batch_size) x spatial_shape``."""
-    if indices.shape[0] == 0:
+    if surely_zero(indices.shape[0]):
         return
     high = torch.tensor([batch_size] + list(spatial_shape), dtype=torch.long, device=indices.device)
     bad = ((indices < 0) | (indices.long() >= high)).any(1)
+    if torch.compiler.is_compiling():  # a traced graph checks on the device (no Python bool of data)
+        torch._assert_async(~bad.any(), "indices outside batch_size x spatial_shape")
+        return
     if bool(bad.any()):
         row = int(bad.nonzero()[0, 0])
         raise ValueError(f"indices row {row} = {indices[row].tolist()} is outside batch_size={batch_size} x "
@@ -165,8 +170,7 @@ class SparseConvTensor:
         spatial_shape = [int(v) for v in spatial_shape]
         if len(spatial_shape) != ndim:
             raise ValueError(f"spatial_shape has {len(spatial_shape)} entries but indices have {ndim} coordinates")
-        if features.shape[0] != indices.shape[0]:
-            raise ValueError(f"features have {features.shape[0]} rows but indices have {indices.shape[0]}")
+        check_equal(features.shape[0], indices.shape[0], "features and indices must have the same number of rows")
         if features.device != indices.device:
             raise ValueError(f"features are on {features.device} but indices on {indices.device}")
         if int(batch_size) < 1:

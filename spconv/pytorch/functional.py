@@ -211,6 +211,10 @@ def sparse_add(*tens: SparseConvTensor) -> SparseConvTensor:
     2.3.8 keeps the maps when the counts match even though it reorders the rows, which breaks them.)
     """
     _check_addable(tens)
+    if torch.compiler.is_compiling():
+        # Which operand is largest (it sets the row order and whether kernel maps survive) depends on the data.
+        raise NotImplementedError("sparse_add / AddTableMisaligned can't be traced (torch.export, torch.compile): "
+                                  "its output row order and kernel maps depend on which operand has the most rows")
     sizes = [t.features.shape[0] for t in tens]
     big = max(range(len(tens)), key=lambda i: sizes[i])
     order = [big] + [i for i in range(len(tens)) if i != big]

@@ -129,16 +129,16 @@ class HashTable:
         return self.keys_data[used], self.values_data[used], self._count_tensor(used.shape[0])
 
 
-@torch.library.register_fake("spconv::hash_table_insert")
+@_backend.register_fake("hash_table_insert")
 def _hash_table_insert_fake(table_keys, table_values, keys, values):
     return None
 
 
-@torch.library.register_fake("spconv::hash_table_query")
+@_backend.register_fake("hash_table_query")
 def _hash_table_query_fake(table_keys, table_values, keys):
     return table_values.new_empty(keys.shape), keys.new_empty(keys.shape, dtype=torch.uint8)
 
 
-@torch.library.register_fake("spconv::hash_table_insert_exist_keys")
+@_backend.register_fake("hash_table_insert_exist_keys")
 def _hash_table_insert_exist_keys_fake(table_keys, table_values, keys, values):
     return keys.new_empty(keys.shape, dtype=torch.uint8)

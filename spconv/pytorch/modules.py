@@ -5,6 +5,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from spconv.pytorch._symsize import maybe_nonzero, surely_zero
 from spconv.pytorch.core import SparseConvTensor
 
 
@@ -22,6 +23,26 @@ class SparseModule(nn.Module):
     @name.setter
     def name(self, value: Optional[str]):
         self._sparse_unique_name = "" if value is None else value
+
+
+def _traceable_eval_batch_norm(module: nn.Module, x: torch.Tensor):
+    """Eval-mode batch norm of ``x`` through the op it lowers to, while tracing; None otherwise.
+
+    torch's batch_norm guards on ``numel() == 0``, which stops torch.export on a data-dependent row count
+    (every layer after a regular conv); the eval-mode op itself traces, and eager mode gives the same bits.
+    """
+    if not torch.compiler.is_compiling() or module.training or x.dim() != 2:
+        return None
+    if not isinstance(module, nn.modules.batchnorm._BatchNorm) or module.running_mean is None:
+        return None
+    return torch.ops.aten._native_batch_norm_legit_no_training(x, module.weight, module.bias, module.running_mean,
+                                                                module.running_var, 0.0, module.eps)[0]
+
+
+def apply_dense(module: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """A dense (row-wise) module on a SparseConvTensor's features."""
+    out = _traceable_eval_batch_norm(module, features)
+    return module(features) if out is None else out
 
 
 def is_spconv_module(module: nn.Module) -> bool:
@@ -76,8 +97,8 @@ class SparseSequential(SparseModule):
             if is_spconv_module(module):
                 input = module(input)
             elif isinstance(input, SparseConvTensor):
-                if input.indices.shape[0] != 0:
-                    input = input.replace_feature(module(input.features))
+                if maybe_nonzero(input.indices.shape[0]):
+                    input = input.replace_feature(apply_dense(module, input.features))
             else:
                 input = module(input)
         return input
@@ -99,9 +120,10 @@ class _FeatureWise:
 
     def forward(self, input):
         if isinstance(input, SparseConvTensor):
-            if input.features.shape[0] == 0:
+            if surely_zero(input.features.shape[0]):
                 return input
-            return input.replace_feature(super().forward(input.features))
+            out = _traceable_eval_batch_norm(self, input.features)
+            return input.replace_feature(super().forward(input.features) if out is None else out)
         return super().forward(input)
 
 
@@ -145,8 +167,11 @@ class SparseSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if x.shape[1] != self.num_features:
             raise ValueError(f"expected {self.num_features} channels, got {x.shape[1]}")
         group = self._sync_group()
-        if group is None and x.numel() == 0:
+        if group is None and surely_zero(x.numel()):
             return x  # as SparseSequential does for dense modules: BatchNorm can't run on 0 rows
+        traced = _traceable_eval_batch_norm(self, x)
+        if traced is not None:
+            return traced
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked.add_(1)

@@ -52,26 +52,32 @@ def build_kernel_map(indices: torch.Tensor, batch_size: int, spatial_shape: List
     return out_indices, PairMaps(pair_in, pair_out, pair_offsets, indices.shape[0], out_indices.shape[0])
 
 
-@torch.library.register_fake("spconv::get_indice_pairs")
+@_backend.register_fake("get_indice_pairs")
 def _get_indice_pairs_fake(indices, batch_size, spatial_shape, out_shape, ksize, stride, padding, dilation, subm,
                            transpose):
     ctx = torch.library.get_ctx()
     kvol = 1
     for k in ksize:
         kvol *= k
-    num_out = indices.shape[0] if subm else ctx.new_dynamic_size()
+    num_in = indices.shape[0]
+    # Every input reaches at most kvol outputs, through at most kvol pairs: the bounds that let the
+    # graph's later size arithmetic (and the inverse conv's checks) resolve without guards.
+    num_out = num_in if subm else ctx.new_dynamic_size()
     num_pairs = ctx.new_dynamic_size()
+    if not subm:
+        torch._check(num_out <= num_in * kvol)
+    torch._check(num_pairs <= num_in * kvol)
     out_indices = indices.new_empty((num_out, indices.shape[1]))
     return (out_indices, indices.new_empty((num_pairs,)), indices.new_empty((num_pairs,)),
             indices.new_empty((kvol + 1,), dtype=torch.int64))
 
 
-@torch.library.register_fake("spconv::indice_conv")
+@_backend.register_fake("indice_conv")
 def _indice_conv_fake(features, filters, pair_in, pair_out, pair_offsets, num_out):
     return features.new_empty((num_out, filters.shape[2]))
 
 
-@torch.library.register_fake("spconv::indice_conv_backward")
+@_backend.register_fake("indice_conv_backward")
 def _indice_conv_backward_fake(features, filters, out_grad, pair_in, pair_out, pair_offsets):
     return torch.empty_like(features), torch.empty_like(filters)
 
@@ -95,22 +101,22 @@ def indice_conv_native(features: torch.Tensor, filters: torch.Tensor, maps: Pair
 
 # ---- pooling (native route): wrappers, fake kernels, autograd ----
 
-@torch.library.register_fake("spconv::indice_maxpool")
+@_backend.register_fake("indice_maxpool")
 def _indice_maxpool_fake(features, pair_in, pair_out, pair_offsets, num_out):
     return features.new_empty((num_out, features.shape[1]))
 
 
-@torch.library.register_fake("spconv::indice_maxpool_backward")
+@_backend.register_fake("indice_maxpool_backward")
 def _indice_maxpool_backward_fake(features, out_features, out_grad, pair_in, pair_out, pair_offsets):
     return torch.empty_like(features)
 
 
-@torch.library.register_fake("spconv::indice_avgpool")
+@_backend.register_fake("indice_avgpool")
 def _indice_avgpool_fake(features, pair_in, pair_out, pair_offsets, num_out):
     return features.new_empty((num_out, features.shape[1])), pair_in.new_empty((num_out,))
 
 
-@torch.library.register_fake("spconv::indice_avgpool_backward")
+@_backend.register_fake("indice_avgpool_backward")
 def _indice_avgpool_backward_fake(out_grad, count, pair_in, pair_out, pair_offsets, num_in):
     return out_grad.new_empty((num_in, out_grad.shape[1]))
 

@@ -111,8 +111,8 @@ class _SparsePoolBase(SparseModule):
                 ksize=self.kernel_size, stride=self.stride, dilation=self.dilation, padding=self.padding)
         counter = self.get_max_num_voxels()
         if counter is not None:  # spconv 2.x records in training and inference alike
-            ops.maximum_value_int_(counter, int(outids.shape[0]))
-        out = self._pool_features(input.features, maps.to(input.features.device), int(outids.shape[0]))
+            ops.maximum_value_int_(counter, outids.shape[0])
+        out = self._pool_features(input.features, maps.to(input.features.device), outids.shape[0])
         return input.with_structure(out, outids, out_spatial_shape, indice_dict)
 
 

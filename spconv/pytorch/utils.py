@@ -54,7 +54,7 @@ def point_to_voxel_op(points: torch.Tensor, vsize_zyx: List[float], coors_range_
                                int(max_num_voxels), int(max_num_points_per_voxel), bool(empty_mean))
 
 
-@torch.library.register_fake("spconv::point_to_voxel")
+@_backend.register_fake("point_to_voxel")
 def _point_to_voxel_fake(points, vsize, coors_range, grid_size, max_num_voxels, max_num_points_per_voxel,
                          empty_mean):
     num_voxels = torch.library.get_ctx().new_dynamic_size()

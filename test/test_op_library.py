@@ -1,0 +1,47 @@
+"""The op library is usable from C++ without Python: spconv/_C_hip*.so needs neither libpython nor
+libtorch_python (its one Python symbol is weak), has a soname, exports spconv_build_info, and a build ships
+the public header and the CMake config with the package."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import spconv._backend  # noqa: F401  (the extension is built)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBRARY = glob.glob(os.path.join(os.path.dirname(spconv._backend.__file__), "_C_hip*.so"))[0]
+
+
+def _tool(name):
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(name + " not found")
+    return path
+
+
+def test_no_python_libraries_needed_and_a_soname():
+    dyn = subprocess.run([_tool("readelf"), "-d", LIBRARY], check=True, capture_output=True, text=True).stdout
+    needed = [line.split("[")[1].rstrip("]") for line in dyn.splitlines() if "(NEEDED)" in line]
+    assert not [n for n in needed if "python" in n], needed
+    assert "(SONAME)" in dyn and os.path.basename(LIBRARY) in dyn
+
+
+def test_python_symbols_are_weak_and_the_c_entry_point_is_exported():
+    nm = _tool("nm")
+    undefined = subprocess.run([nm, "-D", "--undefined-only", LIBRARY], check=True, capture_output=True,
+                               text=True).stdout.splitlines()
+    strong_py = [line for line in undefined if line.split()[-1].startswith("Py") and line.split()[0] != "w"]
+    assert not strong_py, strong_py
+    defined = subprocess.run([nm, "-D", "--defined-only", LIBRARY], check=True, capture_output=True, text=True).stdout
+    assert " T spconv_build_info" in defined
+
+
+def test_build_ships_the_header_and_the_cmake_config(tmp_path):
+    res = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rel in ("spconv/include/spconv/ops.h", "spconv/share/cmake/Spconv/SpconvConfig.cmake"):
+        assert (tmp_path / rel).is_file(), rel
