@@ -558,8 +558,10 @@ __global__ void dfilter_reduce_kernel(const float* __restrict__ ws, int64_t kvol
   }
 }
 
+// A second pair for one (output, offset) would overwrite the first: claim the entry instead and flag the
+// repeat (whether a repeat exists does not depend on the order of the claims).
 __global__ void map_fill_kernel(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets,
-                                int64_t kvol, int64_t npairs, int32_t* nbr) {
+                                int64_t kvol, int64_t npairs, int32_t* nbr, int32_t* repeated) {
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < npairs; p += int64_t(gridDim.x) * blockDim.x) {
     // k = the last offset with pair_offsets[k] <= p
     int64_t lo = 0, hi = kvol;  // invariant: pair_offsets[lo] <= p < pair_offsets[hi]
@@ -570,7 +572,7 @@ __global__ void map_fill_kernel(const int32_t* pair_in, const int32_t* pair_out,
       else
         hi = mid;
     }
-    nbr[int64_t(pair_out[p]) * kvol + lo] = pair_in[p];
+    if (atomicCAS(nbr + int64_t(pair_out[p]) * kvol + lo, -1, pair_in[p]) != -1) atomicExch(repeated, 1);
   }
 }
 
@@ -643,11 +645,11 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
 }  // namespace
 
 int fused_map_fill(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets, int64_t kvol,
-                   int64_t npairs, int64_t num_rows, int32_t* nbr, void* stream) {
+                   int64_t npairs, int64_t num_rows, int32_t* nbr, int32_t* repeated, void* stream) {
   (void)num_rows;
   if (npairs <= 0 || kvol <= 0) return 0;
   launch_kernel(map_fill_kernel, grid_1d(npairs, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), pair_in,
-      pair_out, pair_offsets, kvol, npairs, nbr);
+      pair_out, pair_offsets, kvol, npairs, nbr, repeated);
   return last_launch_error();
 }
 

@@ -5,6 +5,7 @@ import torch
 
 import spconv._backend  # noqa: F401  (loads the extension, registering the operators)
 from spconv.core import ConvAlgo  # noqa: F401  (spconv 2.x exposes it here too)
+from spconv.pytorch import pair_rounds
 from spconv.pytorch.core import PairMaps
 
 _ops = torch.ops.spconv
@@ -43,7 +44,9 @@ def build_kernel_map(indices: torch.Tensor, batch_size: int, spatial_shape: List
     out_indices, pair_in, pair_out, pair_offsets = _ops.get_indice_pairs(
         indices, batch_size, list(spatial_shape), list(out_shape), list(ksize), list(stride), list(padding),
         list(dilation), subm, transpose)
-    return out_indices, PairMaps(pair_in, pair_out, pair_offsets, indices.shape[0], out_indices.shape[0])
+    # Submanifold maps never repeat a row at one offset: the builder rejects duplicate coordinates.
+    return out_indices, PairMaps(pair_in, pair_out, pair_offsets, indices.shape[0], out_indices.shape[0],
+                                 repeat_free=subm)
 
 
 @torch.library.register_fake("spconv::get_indice_pairs")
@@ -143,14 +146,31 @@ def _avgpool_backward(ctx, grad, _grad_count):
 torch.library.register_autograd("spconv::indice_avgpool", _avgpool_backward, setup_context=_avgpool_setup_context)
 
 
+def _pool_device_maps(features: torch.Tensor, maps: PairMaps) -> PairMaps:
+    """The map on the features' device, or on the CPU when the GPU kernels can't take it.
+
+    The GPU pooling kernels update each output once per offset; a map repeating an output at one offset
+    (duplicate coordinates) pools on the CPU instead (slow, but exact and rare). Autograd follows the copies.
+    """
+    maps = maps.to(features.device)
+    if features.device.type != "cpu" and pair_rounds.has_repeats(maps):
+        return maps.to(torch.device("cpu"))
+    return maps
+
+
 def indice_maxpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
     """``max(0, max of the window's active inputs)`` per output (spconv's max-pool semantics)."""
-    return _ops.indice_maxpool(features, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out)
+    m = _pool_device_maps(features, maps)
+    x = features.to(m.pair_in.device)
+    return _ops.indice_maxpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out).to(features.device)
 
 
 def indice_avgpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Mean over the window's active inputs per output, and the int32 count of those inputs."""
-    return _ops.indice_avgpool(features, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out)
+    m = _pool_device_maps(features, maps)
+    x = features.to(m.pair_in.device)
+    out, count = _ops.indice_avgpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out)
+    return out.to(features.device), count.to(features.device)
 
 
 # spconv 2.x's public ops functions (get_indice_pairs, indice_conv, implicit_gemm, indice_maxpool, ...).

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../checks.h"
-#include "../gpu/fused_checks.h"
+#include "../fused_checks.h"
 
 namespace spconv {
 namespace ops {
@@ -38,6 +38,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_cpu(const at::Ten
       TORCH_CHECK_VALUE(pout[p] >= 0 && pout[p] < num_rows, "pair_out[", p, "] = ", pout[p],
                         " is outside [0, num_rows=", num_rows, ")");
       TORCH_CHECK_VALUE(pin[p] >= 0, "pair_in[", p, "] = ", pin[p], " is negative");
+      check_no_repeated_output(nb[pout[p] * kvol + k] >= 0);
       nb[pout[p] * kvol + k] = pin[p];
     }
   at::Tensor masks = at::empty({num_splits, num_rows}, opts);

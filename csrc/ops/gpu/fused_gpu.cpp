@@ -8,7 +8,7 @@
 #include <string>
 
 #include "../checks.h"
-#include "fused_checks.h"
+#include "../fused_checks.h"
 #include "gpu_common.h"
 
 namespace spconv {
@@ -30,10 +30,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_gpu(const at::Ten
   // One small host copy keeps out-of-range rows and offsets from writing outside the table (input rows are
   // bounded by the features, which fused_conv gets later: here only >= 0).
   check_pair_rows(pair_in, pair_out, po, std::numeric_limits<int32_t>::max(), num_rows);
+  at::Tensor repeated = at::zeros({1}, opts);
   check_launch(gpu::fused_map_fill(pair_in.const_data_ptr<int32_t>(), pair_out.const_data_ptr<int32_t>(),
                                    po.const_data_ptr<int64_t>(), kvol, npairs, num_rows,
-                                   nbr.mutable_data_ptr<int32_t>(), stream),
+                                   nbr.mutable_data_ptr<int32_t>(), repeated.mutable_data_ptr<int32_t>(), stream),
                "fused_map_fill");
+  if (npairs > 0) check_no_repeated_output(repeated.item<int32_t>() != 0);
   at::Tensor masks = at::empty({num_splits, num_rows}, opts);
   check_launch(gpu::fused_map_masks(nbr.const_data_ptr<int32_t>(), num_rows, kvol, static_cast<int>(num_splits),
                                     masks.mutable_data_ptr<int32_t>(), stream),

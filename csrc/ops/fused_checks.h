@@ -2,7 +2,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
-#include "../checks.h"
+#include "checks.h"
 
 namespace spconv {
 namespace ops {
@@ -18,6 +18,13 @@ inline void check_fused_map_args(const at::Tensor& pair_in, const at::Tensor& pa
   TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= std::min(kMaxFusedSplits, kvol), "num_splits must be in [1, ",
                     std::min(kMaxFusedSplits, kvol), "] for kvol=", kvol, ", got ", num_splits);
   TORCH_CHECK_VALUE(num_rows * kvol < (int64_t{1} << 40), "neighbour table too large: ", num_rows, " x ", kvol);
+}
+
+// A neighbour table holds one input per (output, offset): a map repeating an output at one offset (duplicate
+// input coordinates) can't be one table. The Python route splits such maps into rounds first.
+inline void check_no_repeated_output(bool repeated) {
+  TORCH_CHECK_VALUE(!repeated, "build_fused_map: two pairs share an output row at one kernel offset (duplicate ",
+                    "input coordinates); split the map with spconv.pytorch.pair_rounds.split_rounds first");
 }
 
 inline void check_fused_conv_args(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr,
