@@ -47,6 +47,30 @@ inline void check_fused_conv_args(const at::Tensor& features, const at::Tensor& 
                     "nbr, masks and order must be on the features' device ", features.device());
 }
 
+// The table entries index the features and `order` picks the rows each tile writes: entries of nbr in
+// [-1, num_in), and each split's order a permutation of [0, num_rows) (a row taken twice would be written by
+// two tiles). One device->host copy of four numbers for tables on a GPU.
+inline void check_fused_tables(const at::Tensor& nbr, const at::Tensor& order, int64_t num_in) {
+  const int64_t n = nbr.size(0);
+  if (n == 0) return;
+  auto nbr_mm = at::aminmax(nbr);
+  at::Tensor o = order.to(at::kLong);
+  auto order_mm = at::aminmax(o);
+  // Times each row is taken per split; indices clamped so that a bad order is reported, not indexed with.
+  at::Tensor taken = at::zeros({order.size(0), n}, o.options());
+  taken.scatter_add_(1, o.clamp(0, n - 1), at::ones_like(o));
+  auto taken_mm = at::aminmax(taken);
+  const at::Tensor h = at::stack({std::get<0>(nbr_mm).to(at::kLong), std::get<1>(nbr_mm).to(at::kLong),
+                                  std::get<0>(order_mm), std::get<1>(order_mm), std::get<0>(taken_mm),
+                                  std::get<1>(taken_mm)})
+                           .cpu();
+  const int64_t* v = h.const_data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(v[0] >= -1 && v[1] < num_in, "nbr holds rows outside [-1, ", num_in,
+                    ") (the features' rows): min ", v[0], ", max ", v[1]);
+  TORCH_CHECK_VALUE(v[2] >= 0 && v[3] < n && v[4] == 1 && v[5] == 1, "each row of order must be a permutation of [0, ",
+                    n, "): values in [", v[2], ", ", v[3], "], some row taken ", v[5] != 1 ? v[5] : v[4], " times");
+}
+
 inline void check_fused_dfilter_args(const at::Tensor& features, const at::Tensor& out_grad,
                                      const at::Tensor& pair_in, const at::Tensor& pair_out,
                                      const at::Tensor& pair_offsets, bool allow_double) {

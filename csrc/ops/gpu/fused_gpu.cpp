@@ -52,6 +52,7 @@ at::Tensor fused_conv_gpu(const at::Tensor& features, const at::Tensor& filters,
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous();
   at::Tensor nbr = nbr_arg.contiguous(), masks = masks_arg.contiguous(), order = order_arg.contiguous();
+  check_fused_tables(nbr, order, x.size(0));
   const int64_t n_out = nbr.size(0), kvol = nbr.size(1), cin = x.size(1), cout = w.size(2);
   at::Tensor y = at::empty({n_out, cout}, x.options());
   if (n_out == 0 || cout == 0) return y;
