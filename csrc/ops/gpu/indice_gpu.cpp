@@ -1,10 +1,11 @@
 // GPU implementation of get_indice_pairs: hash-table kernel maps on the device. Compaction into pairs
 // grouped by offset (rows ascending within an offset, like the CPU route) uses ATen's nonzero.
-// SubM outputs are the input rows; regular/transposed outputs come sorted by packed coordinate.
+// SubM outputs are the input rows; regular/transposed outputs are numbered in the CPU route's first-seen order.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <climits>
+#include <limits>
 #include <unordered_set>
 #include <vector>
 
@@ -43,6 +44,37 @@ void compact(const at::Tensor& table, bool rows_are_outputs, at::Tensor& pair_in
   at::Tensor counts = valid.sum(1);  // int64 [kvol]
   pair_offsets = at::cat({at::zeros({1}, counts.options()), at::cumsum(counts, 0)});
   (void)kvol;
+}
+
+// The CPU route (csrc/native/indice_pairs.cpp) visits the inputs in (coordinate key, row) order, each input's
+// offsets ascending, and numbers the outputs in the order it first reaches them. For table [n, kvol] of output
+// ids in key order, returns the ids sorted by their first visit: entry s = the id of the s-th output seen.
+// Integer min-reductions and sorts only: deterministic.
+at::Tensor first_seen_order(const at::Tensor& indices, const ConvGeometry& g, const at::Tensor& table,
+                            int64_t num_out) {
+  const int64_t n = indices.size(0), kvol = table.size(1);
+  at::Tensor c = indices.to(at::kLong);
+  at::Tensor key = c.select(1, 0).clone();
+  for (int d = 0; d < g.ndim; ++d) key = key * int64_t{g.in_shape[d]} + c.select(1, d + 1);
+  at::Tensor by_key = std::get<1>(at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  at::Tensor pos = at::empty({n}, key.options());
+  pos.index_put_({by_key}, at::arange(n, key.options()));
+  // visit index of candidate (i, k): pos[i] * kvol + k
+  at::Tensor visit = (pos.unsqueeze(1) * kvol + at::arange(kvol, key.options()).unsqueeze(0)).reshape({-1});
+  at::Tensor ids = table.reshape({-1}).to(at::kLong);
+  at::Tensor hit = ids.ge(0);
+  at::Tensor first = at::full({num_out}, std::numeric_limits<int64_t>::max(), key.options());
+  first.scatter_reduce_(0, ids.masked_select(hit), visit.masked_select(hit), "amin", /*include_self=*/true);
+  return std::get<1>(at::sort(first, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+}
+
+// table entries id -> their position in `order` (-1 stays -1).
+at::Tensor renumber(const at::Tensor& table, const at::Tensor& order) {
+  at::Tensor rank = at::empty_like(order);
+  rank.index_put_({order}, at::arange(order.size(0), order.options()));
+  at::Tensor ids = table.to(at::kLong);
+  at::Tensor mapped = rank.index_select(0, ids.clamp_min(0).reshape({-1})).reshape(ids.sizes());
+  return at::where(ids.ge(0), mapped, ids).to(at::kInt);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
@@ -101,6 +133,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
   check_launch(gpu::hash_lookup(keys.const_data_ptr<int64_t>(), n * g.kvol, hkeys.const_data_ptr<int64_t>(),
                                 hvals.const_data_ptr<int32_t>(), cap, table.mutable_data_ptr<int32_t>(), stream),
                "hash_lookup");
+  // table holds ranks in key order; renumber them in the CPU route's first-seen order.
+  if (num_out > 0) {
+    at::Tensor first_seen = first_seen_order(indices, g, table, num_out);
+    table = renumber(table, first_seen);
+    uniq = uniq.index_select(0, first_seen);
+  }
   at::Tensor out_indices = at::empty({num_out, ndim + 1}, iopts);
   check_launch(gpu::decode_keys(uniq.const_data_ptr<int64_t>(), num_out, g, /*use_out_shape=*/true,
                                 out_indices.mutable_data_ptr<int32_t>(), stream),
