@@ -15,3 +15,39 @@ else:
                               suppress_health_check=_SLOW_OK)
     settings.register_profile("long", max_examples=1000, deadline=None, suppress_health_check=_SLOW_OK)
     settings.load_profile(os.getenv("SPCONV_HYPOTHESIS_PROFILE", "ci"))
+
+
+# ---- the GPU code on the CPU (HIP CPU runtime): built once per session by tools/hip_cpu_build.py ----
+import pytest  # noqa: E402
+
+_TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+
+
+def _hip_cpu_required() -> bool:
+    """CI must run these tests: a missing runtime is then a failure, not a skip."""
+    return bool(os.environ.get("CI")) or os.environ.get("SPCONV_REQUIRE_HIP_CPU") == "1"
+
+
+@pytest.fixture(scope="session")
+def hip_cpu():
+    """torch.ops.spconv_hipcpu: the GPU glue and kernels built for the HIP CPU runtime, on the CPU key.
+    SPCONV_HIP_CPU_SOURCE_ROOT builds another tree (the mutation check uses it)."""
+    sys.path.insert(0, _TOOLS)
+    import hip_cpu_build
+    why = hip_cpu_build.missing_requirements()
+    if why:
+        if _hip_cpu_required():
+            pytest.fail("HIP CPU tests required (CI / SPCONV_REQUIRE_HIP_CPU) but: " + why)
+        pytest.skip(why)
+    import torch
+    import spconv._backend  # noqa: F401  (the normal extension first: the reference route)
+    built = hip_cpu_build.load("simt", os.environ.get("SPCONV_HIP_CPU_SOURCE_ROOT") or None)
+    return getattr(torch.ops, built.namespace)
+
+
+@pytest.fixture
+def gpu_code_on_cpu(hip_cpu):
+    """The Python layers route CPU tensors through the HIP CPU build for the duration of one test."""
+    from spconv import _backend
+    with _backend.gpu_code_on_cpu(hip_cpu.name):
+        yield hip_cpu

@@ -1,11 +1,13 @@
-// The one schema file: every operator of the spconv namespace is declared here.
+// The one schema file: every operator of the spconv namespace is declared here (op_library.h says which
+// namespace a build registers: spconv, or its own one in the HIP CPU test build).
 // Implementations live in csrc/ops/cpu (native route) and csrc/ops/gpu (HIP/CUDA glue);
 // fake (meta) kernels for torch.compile live beside the Python wrappers in spconv/pytorch/ops.py.
 #include <torch/library.h>
 
 #include "build_info.h"
+#include "op_library.h"
 
-TORCH_LIBRARY(spconv, m) {
+SPCONV_SCHEMA(m) {
   m.def("build_info() -> str", &spconv::build_info_json);
 
   // ---- kernel maps ----

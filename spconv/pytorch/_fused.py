@@ -35,7 +35,7 @@ from typing import Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from spconv import _backend  # noqa: F401  (loads the extension, which defines the ops)
+from spconv import _backend  # loads the extension, which defines the ops; _backend.ops calls them
 from spconv.pytorch import pair_rounds
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -85,13 +85,13 @@ def fused_tables(maps, num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor,
     key = "fused_map_s%d" % s
     tables = maps.cache.get(key)
     if tables is None:
-        tables = torch.ops.spconv.build_fused_map(maps.pair_in, maps.pair_out, maps.pair_offsets, maps.num_out, s)
+        tables = _backend.ops.build_fused_map(maps.pair_in, maps.pair_out, maps.pair_offsets, maps.num_out, s)
         maps.cache[key] = tables
     return tables
 
 
 def eligible(features: torch.Tensor, filters: torch.Tensor, maps, num_out: int) -> bool:
-    if features.device.type != "cuda" or filters.device != features.device:
+    if not _backend.runs_gpu_code(features.device) or filters.device != features.device:
         return False
     return _shape_ok(features, filters, maps, num_out)
 
@@ -117,7 +117,7 @@ class FusedConvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, filters, maps, num_splits):
         nbr, masks, order = fused_tables(maps, num_splits)
-        out = torch.ops.spconv.fused_conv(features, filters, nbr, masks, order)
+        out = _backend.ops.fused_conv(features, filters, nbr, masks, order)
         ctx.maps = maps
         ctx.num_splits = num_splits
         ctx.save_for_backward(features, filters)
@@ -132,10 +132,9 @@ class FusedConvFunction(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             nbr, masks, order = fused_tables(_reversed(maps), ctx.num_splits)
-            dx = torch.ops.spconv.fused_conv(grad_out, filters.transpose(1, 2).contiguous(), nbr, masks, order)
+            dx = _backend.ops.fused_conv(grad_out, filters.transpose(1, 2).contiguous(), nbr, masks, order)
         if ctx.needs_input_grad[1]:
-            dw = torch.ops.spconv.fused_conv_dfilter(features, grad_out, maps.pair_in, maps.pair_out,
-                                                     maps.pair_offsets)
+            dw = _backend.ops.fused_conv_dfilter(features, grad_out, maps.pair_in, maps.pair_out, maps.pair_offsets)
         return dx, dw, None, None
 
 

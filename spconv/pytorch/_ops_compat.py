@@ -18,12 +18,13 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
+from spconv import _backend
 from spconv.core import ConvAlgo
 from spconv.pytorch import ops as _native
 from spconv.pytorch import pair_rounds
 from spconv.pytorch.core import PairMaps, pairs_to_spconv_layout
 
-_ops = torch.ops.spconv
+_ops = _backend.ops  # the selected op library (torch.ops.spconv unless a test swaps it)
 
 
 # ---- layout conversions ----

@@ -3,9 +3,9 @@ from typing import Optional
 
 import torch
 
-import spconv._backend  # noqa: F401  (loads the extension, registering the operators)
+from spconv import _backend  # loads the extension; _backend.ops is the op library the wrappers call
 
-_ops = torch.ops.spconv
+_ops = _backend.ops  # the selected op library (torch.ops.spconv unless a test swaps it)
 
 _KEY_DTYPES = (torch.int32, torch.int64)
 _VALUE_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)

@@ -1,14 +1,16 @@
-"""Thin wrappers over ``torch.ops.spconv.*`` and their fake kernels (for torch.compile / torch.export)."""
+"""Thin wrappers over the ``torch.ops.spconv.*`` operators (called through ``_backend.ops``) and their fake
+kernels (for torch.compile / torch.export)."""
+import functools
 from typing import List, Tuple
 
 import torch
 
-import spconv._backend  # noqa: F401  (loads the extension, registering the operators)
+from spconv import _backend  # loads the extension; _backend.ops is the op library the wrappers call
 from spconv.core import ConvAlgo  # noqa: F401  (spconv 2.x exposes it here too)
 from spconv.pytorch import pair_rounds
 from spconv.pytorch.core import PairMaps
 
-_ops = torch.ops.spconv
+_ops = _backend.ops  # the selected op library (torch.ops.spconv unless a test swaps it)
 
 
 def get_conv_output_size(input_size: List[int], kernel_size: List[int], stride: List[int], padding: List[int],
@@ -78,14 +80,10 @@ def _indice_conv_setup_context(ctx, inputs, output):
     ctx.save_for_backward(features, filters, pair_in, pair_out, pair_offsets)
 
 
-def _indice_conv_backward(ctx, grad):
+def _indice_conv_backward(lib, ctx, grad):
     features, filters, pair_in, pair_out, pair_offsets = ctx.saved_tensors
-    dx, dw = _ops.indice_conv_backward(features, filters, grad.contiguous(), pair_in, pair_out, pair_offsets)
+    dx, dw = lib.indice_conv_backward(features, filters, grad.contiguous(), pair_in, pair_out, pair_offsets)
     return dx, dw, None, None, None, None
-
-
-torch.library.register_autograd("spconv::indice_conv", _indice_conv_backward,
-                                setup_context=_indice_conv_setup_context)
 
 
 def indice_conv_native(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps,
@@ -121,13 +119,10 @@ def _maxpool_setup_context(ctx, inputs, output):
     ctx.save_for_backward(features, output, pair_in, pair_out, pair_offsets)
 
 
-def _maxpool_backward(ctx, grad):
+def _maxpool_backward(lib, ctx, grad):
     features, out, pair_in, pair_out, pair_offsets = ctx.saved_tensors
-    dx = _ops.indice_maxpool_backward(features, out, grad.contiguous(), pair_in, pair_out, pair_offsets)
+    dx = lib.indice_maxpool_backward(features, out, grad.contiguous(), pair_in, pair_out, pair_offsets)
     return dx, None, None, None, None
-
-
-torch.library.register_autograd("spconv::indice_maxpool", _maxpool_backward, setup_context=_maxpool_setup_context)
 
 
 def _avgpool_setup_context(ctx, inputs, output):
@@ -137,13 +132,24 @@ def _avgpool_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1])
 
 
-def _avgpool_backward(ctx, grad, _grad_count):
+def _avgpool_backward(lib, ctx, grad, _grad_count):
     count, pair_in, pair_out, pair_offsets = ctx.saved_tensors
-    dx = _ops.indice_avgpool_backward(grad.contiguous(), count, pair_in, pair_out, pair_offsets, ctx.num_in)
+    dx = lib.indice_avgpool_backward(grad.contiguous(), count, pair_in, pair_out, pair_offsets, ctx.num_in)
     return dx, None, None, None, None
 
 
-torch.library.register_autograd("spconv::indice_avgpool", _avgpool_backward, setup_context=_avgpool_setup_context)
+def _register_autograd(namespace: str):
+    """The backward formulas of one op library (spconv, or a test library selected by _backend); each backward
+    calls the library its forward ran in."""
+    lib = getattr(torch.ops, namespace)
+    for op, backward, setup in (("indice_conv", _indice_conv_backward, _indice_conv_setup_context),
+                                ("indice_maxpool", _maxpool_backward, _maxpool_setup_context),
+                                ("indice_avgpool", _avgpool_backward, _avgpool_setup_context)):
+        torch.library.register_autograd("%s::%s" % (namespace, op), functools.partial(backward, lib),
+                                        setup_context=setup)
+
+
+_backend.on_op_library(_register_autograd)
 
 
 def _pool_device_maps(features: torch.Tensor, maps: PairMaps) -> PairMaps:

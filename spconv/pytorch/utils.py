@@ -9,9 +9,9 @@ from typing import List, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-import spconv._backend  # noqa: F401  (loads the extension, registering the operators)
+from spconv import _backend  # loads the extension; _backend.ops is the op library the wrappers call
 
-_ops = torch.ops.spconv
+_ops = _backend.ops  # the selected op library (torch.ops.spconv unless a test swaps it)
 
 
 def calc_point2voxel_meta_data(vsize_xyz: Sequence[float], coors_range_xyz: Sequence[float]

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "../checks.h"
+#include "../op_library.h"
 #include "gpu_common.h"
 
 namespace spconv {
@@ -96,7 +97,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(spconv, CUDA, m) {
+SPCONV_GPU_IMPL(m) {
   m.impl("indice_conv", &indice_conv_gpu);
   m.impl("indice_conv_backward", &indice_conv_backward_gpu);
 }

@@ -9,6 +9,7 @@
 
 #include "../checks.h"
 #include "../fused_checks.h"
+#include "../op_library.h"
 #include "gpu_common.h"
 
 namespace spconv {
@@ -101,7 +102,7 @@ std::string fused_conv_path_gpu(const at::Tensor& features) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(spconv, CUDA, m) {
+SPCONV_GPU_IMPL(m) {
   m.impl("build_fused_map", &build_fused_map_gpu);
   m.impl("fused_conv", &fused_conv_gpu);
   m.impl("fused_conv_dfilter", &fused_conv_dfilter_gpu);

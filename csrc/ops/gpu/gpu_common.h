@@ -10,8 +10,14 @@ namespace spconv {
 namespace ops {
 
 // The current stream of `device` (CUDA or ROCm masquerading as CUDA) as the runtime's native handle.
+// The HIP CPU test build runs on CPU tensors: its runtime's null stream.
 inline void* current_stream(const at::Device& device) {
+#if defined(SPCONV_HIP_CPU)
+  (void)device;
+  return nullptr;
+#else
   return c10::impl::getDeviceGuardImpl(device.type())->getStream(device).native_handle();
+#endif
 }
 
 inline gpu::DType gpu_dtype(at::ScalarType t) {

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "../hash_checks.h"
+#include "../op_library.h"
 #include "gpu_common.h"
 
 namespace spconv {
@@ -67,7 +68,7 @@ at::Tensor hash_table_insert_exist_keys_gpu(const at::Tensor& table_keys, const 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(spconv, CUDA, m) {
+SPCONV_GPU_IMPL(m) {
   m.impl("hash_table_insert", &hash_table_insert_gpu);
   m.impl("hash_table_query", &hash_table_query_gpu);
   m.impl("hash_table_insert_exist_keys", &hash_table_insert_exist_keys_gpu);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../op_library.h"
 #include "gpu_common.h"
 
 namespace spconv {
@@ -149,7 +150,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(spconv, CUDA, m) { m.impl("get_indice_pairs", &get_indice_pairs_gpu); }
+SPCONV_GPU_IMPL(m) { m.impl("get_indice_pairs", &get_indice_pairs_gpu); }
 
 }  // namespace ops
 }  // namespace spconv

@@ -6,6 +6,7 @@
 
 
 #include "../checks.h"
+#include "../op_library.h"
 #include "gpu_common.h"
 
 namespace spconv {
@@ -114,7 +115,7 @@ at::Tensor indice_avgpool_backward_gpu(const at::Tensor& out_grad, const at::Ten
 }  // namespace
 
 // ROCm builds of torch register HIP devices under the CUDA dispatch key too.
-TORCH_LIBRARY_IMPL(spconv, CUDA, m) {
+SPCONV_GPU_IMPL(m) {
   m.impl("indice_maxpool", &indice_maxpool_gpu);
   m.impl("indice_maxpool_backward", &indice_maxpool_backward_gpu);
   m.impl("indice_avgpool", &indice_avgpool_gpu);

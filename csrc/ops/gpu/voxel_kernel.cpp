@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "../voxel_checks.h"
+#include "../op_library.h"
 #include "gpu_common.h"
 
 namespace spconv {
@@ -66,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> point_to_voxel_gpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(spconv, CUDA, m) { m.impl("point_to_voxel", &point_to_voxel_gpu); }
+SPCONV_GPU_IMPL(m) { m.impl("point_to_voxel", &point_to_voxel_gpu); }
 
 }  // namespace ops
 }  // namespace spconv

@@ -1,0 +1,149 @@
+"""Whole networks through the GPU code on the CPU (HIP CPU runtime; see conftest's gpu_code_on_cpu): the
+benchmark's ``basic`` network on a crop of a real scan and on a synthetic scan (voxelized by PointToVoxel),
+and a U-Net with inverse convolutions, forward and backward, against the CPU route on the same inputs. Both
+GPU routes run: fused (default) and native (SPCONV_FORCE_NATIVE)."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import spconv.pytorch as spconv
+from spconv import _backend, constants
+from spconv.benchmark import scenes
+from spconv.benchmark.network import build_basic_net
+from spconv.pytorch.utils import PointToVoxel
+from test_end_to_end import UNet, _scene
+
+pytestmark = pytest.mark.hip_cpu
+
+REAL_SCAN = os.environ.get("SPCONV_REAL_SCAN", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
+                                                          "lidar-voxels-125k.npz"))
+MAX_VOXELS = 600  # every GPU thread is a fiber: keep the scenes small
+
+
+def coord_key(indices):
+    k = torch.zeros(indices.shape[0], dtype=torch.int64)
+    for c in range(indices.shape[1]):
+        k = k * 4096 + indices[:, c].long()
+    return k
+
+
+def by_coordinate(out):
+    """Output features in coordinate order: the GPU numbers pooled outputs by sorted key, the CPU by first
+    appearance, so rows are compared through their coordinates."""
+    order = torch.argsort(coord_key(out.indices))
+    return out.indices[order], out.features[order]
+
+
+def run(net, x, seed=0):
+    """Forward, then backward of a loss whose weights depend only on the output coordinates."""
+    net.zero_grad()
+    feats = x.features.clone().requires_grad_(True)
+    out = net(spconv.SparseConvTensor(feats, x.indices, x.spatial_shape, x.batch_size))
+    if isinstance(out, torch.Tensor):
+        idx, f = x.indices, out
+    else:
+        idx, f = out.indices, out.features
+    g = torch.sin(coord_key(idx).double() * 0.37 + seed).to(f.dtype)[:, None]
+    (f * g).sum().backward()
+    grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+    return out, feats.grad.clone(), grads
+
+
+def rel(a, b):
+    return (torch.linalg.norm(a.double() - b.double()) / max(torch.linalg.norm(b.double()).item(), 1e-30)).item()
+
+
+def compare(net, x, tol=1e-4):
+    ref_out, ref_dx, ref_grads = run(net, x)  # CPU route
+    for force_native in (False, True):
+        old = constants.SPCONV_FORCE_NATIVE
+        constants.SPCONV_FORCE_NATIVE = force_native
+        try:
+            with _backend.gpu_code_on_cpu(), torch.profiler.profile() as prof:
+                assert _backend.fused_route_enabled(torch.device("cpu")) is not force_native
+                out, dx, grads = run(net, x)
+        finally:
+            constants.SPCONV_FORCE_NATIVE = old
+        what = "native GPU route" if force_native else "fused GPU route"
+        ran = {e.name for e in prof.events()}
+        expect = ["get_indice_pairs"] + (["indice_conv", "indice_conv_backward"] if force_native else
+                                         ["build_fused_map", "fused_conv", "fused_conv_dfilter"])
+        assert {"spconv_hipcpu::" + op for op in expect} <= ran, (what, sorted(n for n in ran if "spconv" in n))
+        assert not any(n.startswith("spconv::") for n in ran), what  # nothing fell back to the CPU route
+        if isinstance(out, torch.Tensor):
+            assert rel(out, ref_out) < tol, what
+        else:
+            (gi, gf), (ri, rf) = by_coordinate(out), by_coordinate(ref_out)
+            assert torch.equal(gi, ri), what
+            assert rel(gf, rf) < tol, "%s: output relative error %g" % (what, rel(gf, rf))
+        assert rel(dx, ref_dx) < tol, "%s: dinput relative error %g" % (what, rel(dx, ref_dx))
+        assert grads.keys() == ref_grads.keys()
+        for n in grads:
+            assert rel(grads[n], ref_grads[n]) < tol, "%s: d%s relative error %g" % (what, n, rel(grads[n],
+                                                                                                 ref_grads[n]))
+
+
+def basic_net(cin):
+    torch.manual_seed(0)
+    return build_basic_net(spconv, cin).float()
+
+
+def real_scan_crop():
+    if not os.path.isfile(REAL_SCAN):
+        pytest.skip("real scan %s not present (set SPCONV_REAL_SCAN)" % REAL_SCAN)
+    feats, idx, _ = scenes.load_voxels_npz(REAL_SCAN)
+    size = [64, 64, 64]  # six 2x2x2 pools of the basic network leave a 1^3 grid
+    origin = scenes.crop_window(idx, size, seed=0)
+    feats, idx, shape = scenes.crop(feats, idx, origin, size)
+    rows = scenes.nearest_voxels(idx, MAX_VOXELS, centre=[s // 2 for s in size])
+    idx = idx[rows]
+    idx[:, 0] = 0
+    return spconv.SparseConvTensor(torch.from_numpy(feats[rows]), torch.from_numpy(idx), shape, 1)
+
+
+def test_basic_net_real_scan(gpu_code_on_cpu):
+    x = real_scan_crop()
+    assert x.indices.shape[0] > 100
+    compare(basic_net(x.features.shape[1]), x)
+
+
+def synthetic_scan_voxels():
+    """A synthetic sweep voxelized by PointToVoxel through the selected op library (GPU code inside
+    gpu_code_on_cpu), cropped to the sensor's surroundings."""
+    pts = scenes.synthetic_points(quick=True)
+    near = np.abs(pts[:, :3]).max(1) < 6.0
+    pc = torch.from_numpy(np.ascontiguousarray(pts[near][:, :3]))
+    gen = PointToVoxel(vsize_xyz=[0.2, 0.2, 0.125], coors_range_xyz=[-6.4, -6.4, -2.0, 6.4, 6.4, 6.0],
+                       num_point_features=3, max_num_voxels=MAX_VOXELS, max_num_points_per_voxel=4)
+    voxels, indices, num = gen(pc)
+    feats = voxels.sum(1) / num.clamp(min=1)[:, None].to(voxels.dtype)
+    idx = torch.cat([torch.zeros(indices.shape[0], 1, dtype=torch.int32), indices.int()], 1)
+    return spconv.SparseConvTensor(feats.contiguous(), idx, [64, 64, 64], 1), (voxels, indices, num)
+
+
+def test_basic_net_synthetic_scan(gpu_code_on_cpu):
+    with _backend.gpu_code_on_cpu():
+        x, gpu_vox = synthetic_scan_voxels()
+    _, cpu_vox = synthetic_scan_voxels()
+    for a, b in zip(gpu_vox, cpu_vox):  # voxelization through the Python layer, bit-exact
+        assert torch.equal(a, b)
+    assert x.indices.shape[0] > 100
+    compare(basic_net(3), x)
+
+
+def test_unet_inverse_convs(gpu_code_on_cpu):
+    torch.manual_seed(0)
+    x, _, _ = _scene(1, batch_size=1, shape=(17, 16, 16), n_objects=3)
+    net = UNet(4, 3)
+    net.eval()  # BatchNorm with running statistics: the same affine map on both routes
+    compare(net, x)
+
+
+def test_empty_input_network(gpu_code_on_cpu):
+    x = spconv.SparseConvTensor(torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.int32), [17, 16, 16], 1)
+    net = UNet(4, 3).eval()
+    with _backend.gpu_code_on_cpu():
+        out = net(x)
+    assert out.shape == (0, 3)

@@ -1,0 +1,333 @@
+"""The GPU code (csrc/ops/gpu glue + csrc/hip kernels) executed on the CPU through the HIP CPU runtime,
+operator by operator, against the CPU route (torch.ops.spconv) on the same inputs: kernel maps, fused
+forward / dinput / dfilter, the native GPU route, pooling, voxelization and hash tables. Small sizes: every
+GPU thread is a fiber here."""
+import pytest
+import torch
+
+from test_fused_cpu import Maps, random_coords, sorted_pairs
+
+pytestmark = pytest.mark.hip_cpu
+
+cpu = torch.ops.spconv
+
+# name -> geometry; chosen to reach kernel volumes 1, 8, 27, 125, 2-D and 4-D, strides, dilation, transpose
+MAPS = {
+    "subm_k1": dict(shape=[6, 6, 6], batch=1, n=50, ksize=1),
+    "subm3": dict(shape=[6, 7, 5], batch=2, n=120, ksize=3),
+    "subm_dense": dict(shape=[4, 4, 4], batch=1, n=64, ksize=3),
+    "subm5_kvol125": dict(shape=[7, 7, 7], batch=1, n=90, ksize=5),
+    "subm2d_k12": dict(shape=[9, 9], batch=2, n=70, ksize=(1, 2)),
+    "dilated": dict(shape=[10, 10, 10], batch=1, n=100, ksize=3, dilation=2),
+    "conv_s2": dict(shape=[9, 8, 7], batch=2, n=150, ksize=3, stride=2, padding=1, subm=False),
+    "conv_k2s2": dict(shape=[8, 8, 8], batch=1, n=100, ksize=2, stride=2, subm=False),
+    "conv4d": dict(shape=[4, 4, 4, 3], batch=1, n=60, ksize=2, stride=1, subm=False),
+    "deconv": dict(shape=[5, 4, 6], batch=1, n=40, ksize=3, stride=2, padding=1, subm=False, transpose=True),
+}
+
+
+def geometry(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True, transpose=False, seed=0):
+    nd = len(shape)
+    ks, st, pd, dl = ([v] * nd if isinstance(v, int) else list(v) for v in (ksize, stride, padding, dilation))
+    if subm:
+        out_shape = list(shape)
+    elif transpose:
+        out_shape = [(s - 1) * t - 2 * p + d * (k - 1) + 1 for s, k, t, p, d in zip(shape, ks, st, pd, dl)]
+    else:
+        out_shape = [(s + 2 * p - d * (k - 1) - 1) // t + 1 for s, k, t, p, d in zip(shape, ks, st, pd, dl)]
+    idx = random_coords(shape, batch, n, seed)
+    return idx, (batch, list(shape), out_shape, ks, st, pd, dl, subm, transpose)
+
+
+def both_maps(name):
+    """(indices, CPU result, GPU-code result) of get_indice_pairs for one geometry."""
+    idx, args = geometry(**MAPS[name])
+    return idx, cpu.get_indice_pairs(idx, *args), hip_ops().get_indice_pairs(idx, *args)
+
+
+_HIP = {}
+
+
+def hip_ops():
+    return _HIP["ops"]
+
+
+@pytest.fixture(autouse=True)
+def _ops(hip_cpu):
+    _HIP["ops"] = hip_cpu
+
+
+def as_maps(res, num_in):
+    out_idx, pin, pout, poff = res
+    return Maps(pin, pout, poff, num_in, out_idx.shape[0])
+
+
+def coord_keys(t):
+    k = torch.zeros(t.shape[0], dtype=torch.int64)
+    for c in range(t.shape[1]):
+        k = k * 1024 + t[:, c].long()
+    return k
+
+
+# ---- kernel maps ----
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_kernel_map_pairs(name):
+    idx, (c_out, c_pin, c_pout, c_poff), (g_out, g_pin, g_pout, g_poff) = both_maps(name)
+    assert torch.equal(g_poff, c_poff)
+    assert g_out.shape == c_out.shape and g_out.dtype == c_out.dtype
+    if MAPS[name].get("subm", True):
+        # SubM: the outputs are the input rows; same pairs in the same order
+        assert torch.equal(g_out, idx) and torch.equal(g_pin, c_pin) and torch.equal(g_pout, c_pout)
+        return
+    # regular / transposed: same output coordinate set, same (input, output coordinate) pairs per offset
+    ck, gk = coord_keys(c_out), coord_keys(g_out)
+    assert torch.equal(torch.sort(ck).values, torch.sort(gk).values)
+    a = sorted_pairs(c_pin, ck[c_pout.long()], c_poff)
+    b = sorted_pairs(g_pin, gk[g_pout.long()], g_poff)
+    for k, (x, y) in enumerate(zip(a, b)):
+        assert torch.equal(x, y), "offset %d" % k
+
+
+@pytest.mark.xfail(strict=True, reason="GPU numbers regular/transposed conv outputs by sorted packed key, the CPU "
+                   "route by first appearance (known; fixed separately)")
+@pytest.mark.parametrize("name", ["conv_s2", "deconv"])
+def test_kernel_map_output_order(name):
+    _, (c_out, c_pin, c_pout, _), (g_out, g_pin, g_pout, _) = both_maps(name)
+    assert torch.equal(g_out, c_out) and torch.equal(g_pin, c_pin) and torch.equal(g_pout, c_pout)
+
+
+def test_kernel_map_errors_and_empty():
+    ops = hip_ops()
+    dup = torch.tensor([[0, 1, 1, 1], [0, 2, 2, 2], [0, 1, 1, 1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="row 2 repeats"):
+        ops.get_indice_pairs(dup, 1, [4, 4, 4], [4, 4, 4], [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False)
+    with pytest.raises(ValueError):
+        bad = torch.tensor([[0, 9, 1, 1]], dtype=torch.int32)
+        ops.get_indice_pairs(bad, 1, [4, 4, 4], [4, 4, 4], [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False)
+    empty = torch.zeros(0, 4, dtype=torch.int32)
+    for subm, out_shape, stride in ((True, [4, 4, 4], 1), (False, [2, 2, 2], 2)):
+        res = ops.get_indice_pairs(empty, 1, [4, 4, 4], out_shape, [3] * 3, [stride] * 3, [1] * 3, [1] * 3, subm,
+                                   False)
+        ref = cpu.get_indice_pairs(empty, 1, [4, 4, 4], out_shape, [3] * 3, [stride] * 3, [1] * 3, [1] * 3, subm,
+                                   False)
+        for g, c in zip(res, ref):
+            assert g.shape == c.shape and g.dtype == c.dtype and torch.equal(g, c)
+
+
+# ---- fused route: tables, forward, dinput, dfilter ----
+@pytest.mark.parametrize("name", ["subm3", "subm5_kvol125", "conv_s2", "deconv", "subm2d_k12"])
+@pytest.mark.parametrize("splits", [1, 2, 3])
+def test_fused_tables_match_cpu(name, splits):
+    idx, res, _ = both_maps(name)
+    m = as_maps(res, idx.shape[0])
+    s = min(splits, m.pair_offsets.numel() - 1)
+    for pin, pout, rows in ((m.pair_in, m.pair_out, m.num_out), (m.pair_out, m.pair_in, m.num_in)):
+        g = hip_ops().build_fused_map(pin, pout, m.pair_offsets, rows, s)
+        c = cpu.build_fused_map(pin, pout, m.pair_offsets, rows, s)
+        for a, b in zip(g, c):
+            assert torch.equal(a, b)
+
+
+def rel_err(got, ref):
+    ref = ref.double()
+    return (torch.linalg.norm(got.double() - ref) / max(torch.linalg.norm(ref).item(), 1e-30)).item()
+
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+# (map, cin, cout): Cin > 32 (several K steps), Cin > 64 (dfilter row tiles), Cout > 64 (several column
+# tiles), channel counts multiples of 8 (vector loads) and not; kernel volumes 1, 8, 27, 125
+FUSED_CASES = [
+    ("subm3", 16, 32), ("subm3", 40, 72), ("subm3", 13, 70), ("subm_dense", 72, 24), ("subm_k1", 24, 16),
+    ("subm5_kvol125", 8, 16), ("conv_k2s2", 33, 65), ("conv_s2", 64, 64), ("deconv", 24, 40),
+    ("subm2d_k12", 5, 7),
+]
+
+
+def fused_inputs(m, cin, cout, dtype, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    kvol = m.pair_offsets.numel() - 1
+    x = torch.randn(m.num_in, cin, generator=g).to(dtype)
+    w = (torch.randn(kvol, cin, cout, generator=g) / (cin * 3) ** 0.5).to(dtype)
+    dy = torch.randn(m.num_out, cout, generator=g).to(dtype)
+    return x, w, dy
+
+
+def native_f64(x, w, dy, m):
+    x, w, dy = x.double(), w.double(), dy.double()
+    y = cpu.indice_conv(x, w, m.pair_in, m.pair_out, m.pair_offsets, m.num_out)
+    dx, dw = cpu.indice_conv_backward(x, w, dy, m.pair_in, m.pair_out, m.pair_offsets)
+    return y, dx, dw
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=["%s-%dx%d" % c for c in FUSED_CASES])
+@pytest.mark.parametrize("splits", [1, 2, 3])
+def test_fused_forward_dinput_dfilter(case, dtype, splits):
+    name, cin, cout = case
+    if dtype != torch.float32 and splits == 3:
+        pytest.skip("low precision: splits 1 and 2 suffice")
+    idx, res, _ = both_maps(name)
+    m = as_maps(res, idx.shape[0])
+    kvol = m.pair_offsets.numel() - 1
+    s = min(splits, kvol)
+    x, w, dy = fused_inputs(m, cin, cout, dtype)
+    ops = hip_ops()
+    y = ops.fused_conv(x, w, *ops.build_fused_map(m.pair_in, m.pair_out, m.pair_offsets, m.num_out, s))
+    rev = ops.build_fused_map(m.pair_out, m.pair_in, m.pair_offsets, m.num_in, s)
+    dx = ops.fused_conv(dy, w.transpose(1, 2).contiguous(), *rev)
+    dw = ops.fused_conv_dfilter(x, dy, m.pair_in, m.pair_out, m.pair_offsets)
+    assert y.dtype == dx.dtype == dw.dtype == dtype
+    if dtype == torch.float32:  # against the CPU route in fp32, on the same inputs
+        ref = (cpu.indice_conv(x, w, m.pair_in, m.pair_out, m.pair_offsets, m.num_out),
+               *cpu.indice_conv_backward(x, w, dy, m.pair_in, m.pair_out, m.pair_offsets))
+    else:  # against an fp64 reference of the same (rounded) inputs
+        ref = native_f64(x, w, dy, m)
+    for what, got, r in zip(("forward", "dinput", "dfilter"), (y, dx, dw), ref):
+        assert got.shape == r.shape, what
+        assert rel_err(got, r) < TOL[dtype], "%s: relative error %g" % (what, rel_err(got, r))
+
+
+def test_fused_dfilter_split_k():
+    """Enough pairs per offset (> 4096) for the glue to split K into several workspace chunks."""
+    idx, args = geometry(shape=[24, 24, 24], batch=1, n=9000, ksize=1)
+    res = cpu.get_indice_pairs(idx, *args)
+    m = as_maps(res, idx.shape[0])
+    x, _, dy = fused_inputs(m, 8, 8, torch.float32)
+    got = hip_ops().fused_conv_dfilter(x, dy, m.pair_in, m.pair_out, m.pair_offsets)
+    ref = cpu.fused_conv_dfilter(x, dy, m.pair_in, m.pair_out, m.pair_offsets)
+    assert rel_err(got, ref) < 1e-5
+
+
+def test_fused_deterministic():
+    idx, res, _ = both_maps("subm3")
+    m = as_maps(res, idx.shape[0])
+    x, w, dy = fused_inputs(m, 40, 72, torch.float16)
+    ops = hip_ops()
+    t = ops.build_fused_map(m.pair_in, m.pair_out, m.pair_offsets, m.num_out, 2)
+    assert torch.equal(ops.fused_conv(x, w, *t), ops.fused_conv(x, w, *t))
+    a = ops.fused_conv_dfilter(x, dy, m.pair_in, m.pair_out, m.pair_offsets)
+    assert torch.equal(a, ops.fused_conv_dfilter(x, dy, m.pair_in, m.pair_out, m.pair_offsets))
+
+
+def test_fused_empty_and_path():
+    ops = hip_ops()
+    z = torch.zeros(0, dtype=torch.int32)
+    poff = torch.zeros(28, dtype=torch.int64)
+    nbr, masks, order = ops.build_fused_map(z, z, poff, 6, 1)
+    y = ops.fused_conv(torch.randn(0, 8), torch.randn(27, 8, 4), nbr, masks, order)
+    assert y.shape == (6, 4) and torch.all(y == 0)
+    n0, m0, o0 = ops.build_fused_map(z, z, poff, 0, 1)
+    assert ops.fused_conv(torch.randn(0, 8), torch.randn(27, 8, 4), n0, m0, o0).shape == (0, 4)
+    dw = ops.fused_conv_dfilter(torch.randn(0, 8), torch.randn(0, 4), z, z, poff)
+    assert dw.shape == (27, 8, 4) and torch.all(dw == 0)
+    e = ops.indice_conv(torch.randn(0, 8), torch.randn(27, 8, 4), z, z, poff, 5)
+    assert e.shape == (5, 4) and torch.all(e == 0)
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        assert ops.fused_conv_path(torch.zeros(1, dtype=dt)) == "simt"  # no matrix cores on the host
+
+
+# ---- native GPU route: gather -> GEMM -> scatter-add ----
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("name,cin,cout", [("subm3", 40, 72), ("conv_s2", 13, 24), ("deconv", 8, 16),
+                                           ("subm_k1", 5, 3)])
+def test_native_route(name, cin, cout, dtype):
+    idx, res, _ = both_maps(name)
+    m = as_maps(res, idx.shape[0])
+    x, w, dy = fused_inputs(m, cin, cout, dtype)
+    ops = hip_ops()
+    y = ops.indice_conv(x, w, m.pair_in, m.pair_out, m.pair_offsets, m.num_out)
+    dx, dw = ops.indice_conv_backward(x, w, dy, m.pair_in, m.pair_out, m.pair_offsets)
+    if dtype in (torch.float32, torch.float64):
+        ref = (cpu.indice_conv(x, w, m.pair_in, m.pair_out, m.pair_offsets, m.num_out),
+               *cpu.indice_conv_backward(x, w, dy, m.pair_in, m.pair_out, m.pair_offsets))
+    else:
+        ref = native_f64(x, w, dy, m)
+    tol = 1e-12 if dtype == torch.float64 else TOL[dtype]
+    for what, got, r in zip(("forward", "dinput", "dfilter"), (y, dx, dw), ref):
+        assert got.dtype == dtype and got.shape == r.shape, what
+        assert rel_err(got, r) < tol, "%s: relative error %g" % (what, rel_err(got, r))
+
+
+# ---- pooling: bit-exact against the CPU route on the same kernel map ----
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("name", ["conv_k2s2", "conv_s2", "subm3"])
+@pytest.mark.parametrize("channels", [5, 64])
+def test_pooling_bit_exact(name, channels, dtype):
+    idx, res, _ = both_maps(name)
+    m = as_maps(res, idx.shape[0])
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(m.num_in, channels, generator=g).to(dtype)
+    x[::7] = x[::7].round()  # ties between window members exercise the first-offset rule of the backward
+    dy = torch.randn(m.num_out, channels, generator=g).to(dtype)
+    ops = hip_ops()
+    args = (m.pair_in, m.pair_out, m.pair_offsets)
+    y, yc = ops.indice_maxpool(x, *args, m.num_out), cpu.indice_maxpool(x, *args, m.num_out)
+    assert torch.equal(y, yc)
+    assert torch.equal(ops.indice_maxpool_backward(x, y, dy, *args), cpu.indice_maxpool_backward(x, yc, dy, *args))
+    (a, cnt), (ac, cntc) = ops.indice_avgpool(x, *args, m.num_out), cpu.indice_avgpool(x, *args, m.num_out)
+    assert torch.equal(cnt, cntc) and torch.equal(a, ac)
+    assert torch.equal(ops.indice_avgpool_backward(dy, cnt, *args, m.num_in),
+                       cpu.indice_avgpool_backward(dy, cntc, *args, m.num_in))
+
+
+def test_pooling_empty():
+    ops = hip_ops()
+    z = torch.zeros(0, dtype=torch.int32)
+    poff = torch.zeros(9, dtype=torch.int64)
+    x = torch.randn(0, 4)
+    assert ops.indice_maxpool(x, z, z, poff, 3).shape == (3, 4)
+    a, cnt = ops.indice_avgpool(x, z, z, poff, 3)
+    ac, cntc = cpu.indice_avgpool(x, z, z, poff, 3)
+    assert torch.equal(a, ac) and torch.equal(cnt, cntc)
+
+
+# ---- voxelization: bit-exact ----
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("empty_mean", [False, True])
+@pytest.mark.parametrize("max_voxels,max_points", [(10000, 5), (40, 3)])
+def test_point_to_voxel_bit_exact(dtype, empty_mean, max_voxels, max_points):
+    g = torch.Generator().manual_seed(5)
+    pts = (torch.rand(700, 4, generator=g) * torch.tensor([8.0, 6.0, 4.0, 1.0]) - 0.5).to(dtype)
+    args = ([0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 2.0, 3.0, 4.0], [4, 6, 8], max_voxels, max_points, empty_mean)
+    for got, ref in zip(hip_ops().point_to_voxel(pts, *args), cpu.point_to_voxel(pts, *args)):
+        assert got.dtype == ref.dtype and torch.equal(got, ref)
+    for got, ref in zip(hip_ops().point_to_voxel(pts[:0], *args), cpu.point_to_voxel(pts[:0], *args)):
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+
+
+# ---- hash table ----
+@pytest.mark.parametrize("key_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("value_dtype", [torch.int32, torch.int64, torch.float32])
+def test_hash_table_ops(key_dtype, value_dtype):
+    g = torch.Generator().manual_seed(11)
+    cap = 512
+    empty = torch.iinfo(key_dtype).max
+    keys = torch.randint(0, 300, (200,), generator=g).to(key_dtype)  # repeats: first occurrence wins
+    values = torch.randint(-50, 50, (200,), generator=g).to(value_dtype)
+    query = torch.randint(0, 400, (150,), generator=g).to(key_dtype)
+    upd = torch.randint(0, 400, (80,), generator=g).to(key_dtype)
+    upd_v = torch.randint(-9, 9, (80,), generator=g).to(value_dtype)
+    tables = []
+    for ops in (hip_ops(), cpu):
+        tk = torch.full((cap,), empty, dtype=key_dtype)
+        tv = torch.zeros(cap, dtype=value_dtype)
+        ops.hash_table_insert(tk, tv, keys, values)
+        ops.hash_table_insert(tk, tv, keys[:10] + 1000, None)
+        q = ops.hash_table_query(tk, tv, query)
+        e = ops.hash_table_insert_exist_keys(tk, tv, upd, upd_v)
+        q2 = ops.hash_table_query(tk, tv, torch.cat([query, upd]))
+        tables.append((q, e, q2, tk, tv))
+    (q, e, q2, tk, tv), (qc, ec, q2c, tkc, tvc) = tables
+    assert torch.equal(q[0], qc[0]) and torch.equal(q[1], qc[1])
+    assert torch.equal(e, ec)
+    assert torch.equal(q2[0], q2c[0]) and torch.equal(q2[1], q2c[1])
+    # slots may differ (probing order is an implementation detail); the stored mapping must not
+    def mapping(k, v):
+        keep = k != empty
+        order = torch.argsort(k[keep])
+        return k[keep][order], v[keep][order]
+    for a, b in zip(mapping(tk, tv), mapping(tkc, tvc)):
+        assert torch.equal(a, b)

@@ -1,0 +1,247 @@
+"""Builds the GPU code (csrc/hip kernels + csrc/ops/gpu glue) against the HIP CPU runtime, for tests.
+
+The same sources as the nvcc/hipcc builds, compiled by the host C++ compiler with SPCONV_HIP_CPU: the kernels
+run on the CPU (one fiber per GPU thread) and the glue registers on the CPU dispatch key of an op namespace of
+its own (csrc/ops/op_library.h), so ``torch.ops.<namespace>.fused_conv(cpu_tensor, ...)`` runs the real GPU
+code next to the normal extension's ``torch.ops.spconv``. It is a test-only library, never installed.
+
+Variants: one library (and op namespace) per entry of VARIANTS, each with extra defines. A variant is built
+when the path it needs exists in the source tree.
+
+Cache: objects under build/hip_cpu/objects/, keyed by the source, every header of csrc/ and of the runtime,
+the flags, the compiler version and the torch version; the library under build/hip_cpu/<hash>/ keyed by its
+objects. An unchanged tree reuses the library, an edited .cu rebuilds that object, an edited header all.
+
+Usage:  python3 tools/hip_cpu_build.py [--variant NAME|all] [--source-root DIR] [--sanitize] [--jobs N]
+        (prints namespace and library path per variant)
+   or:  import hip_cpu_build; hip_cpu_build.build("simt").path
+
+Environment:
+  HIP_CPU_ROOT               the HIP CPU runtime (default: ../shared/third_party/hip-cpu from the repo root)
+  CXX                        host compiler (default g++)
+  SPCONV_HIP_CPU_OPT         optimisation level (default -O1: the best compile/run trade-off for the tests)
+  SPCONV_HIP_CPU_SANITIZE=1  AddressSanitizer + UBSan build (separate cache; see docs/hip_cpu.md to run it)
+  SPCONV_HIP_CPU_JOBS        parallel compiles (default: CPU count)
+"""
+import argparse
+import glob
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, NamedTuple, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD_DIR = os.path.join(REPO, "build", "hip_cpu")
+DEFAULT_RUNTIME = os.path.join("..", "shared", "third_party", "hip-cpu")  # relative to the repo root
+
+
+class Variant(NamedTuple):
+    namespace: str
+    defines: List[str]
+    requires: Optional[str]  # path (relative to the source root) that must exist for the variant to be built
+
+
+# Adding a variant is one line here. Namespaces must match what the tests load.
+VARIANTS: Dict[str, Variant] = {
+    "simt": Variant("spconv_hipcpu", [], None),
+    "wmma": Variant("spconv_hipcpu_wmma", ["SPCONV_EMULATE_WMMA=1"], os.path.join("csrc", "hip", "emu")),
+    "mfma": Variant("spconv_hipcpu_mfma", ["SPCONV_EMULATE_MFMA=1"], os.path.join("csrc", "hip", "emu")),
+}
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+class Built(NamedTuple):
+    variant: str
+    namespace: str
+    path: str
+    reused: bool  # the library was already there
+
+
+def runtime_root() -> str:
+    root = os.environ.get("HIP_CPU_ROOT") or DEFAULT_RUNTIME
+    return os.path.normpath(os.path.join(REPO, root))  # a relative HIP_CPU_ROOT is relative to the repo root
+
+
+def sanitize_enabled(sanitize: Optional[bool] = None) -> bool:
+    return os.environ.get("SPCONV_HIP_CPU_SANITIZE") == "1" if sanitize is None else bool(sanitize)
+
+
+def _cxx() -> str:
+    return os.environ.get("CXX", "g++")
+
+
+def missing_requirements() -> Optional[str]:
+    """Why the library cannot be built here (a sentence), or None."""
+    rt = runtime_root()
+    if not os.path.isfile(os.path.join(rt, "include", "hip", "hip_runtime.h")):
+        return "HIP CPU runtime headers not found at %s (set HIP_CPU_ROOT)" % rt
+    try:
+        tbb = subprocess.run([_cxx(), "-print-file-name=libtbb.so"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "host compiler %s not found" % _cxx()
+    if not os.path.isabs(tbb):
+        return "libtbb not found by %s (install libtbb-dev)" % _cxx()
+    return None
+
+
+def enabled_variants(source_root: Optional[str] = None) -> List[str]:
+    src = source_root or REPO
+    return [n for n, v in VARIANTS.items() if v.requires is None or os.path.exists(os.path.join(src, v.requires))]
+
+
+def _torch_paths():
+    import torch
+    from torch.utils import cpp_extension
+    return torch.__version__, cpp_extension.include_paths(), cpp_extension.library_paths()
+
+
+def _compiler_version() -> str:
+    return subprocess.run([_cxx(), "--version"], capture_output=True, text=True).stdout
+
+
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p if isinstance(p, bytes) else str(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _tree_digest(dirs, exts) -> str:
+    h = hashlib.sha256()
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "**", "*"), recursive=True)):
+            if os.path.isfile(path) and path.endswith(exts):
+                h.update(os.path.relpath(path, d).encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+def _sources(src: str) -> Dict[str, str]:
+    """Source path -> language ('cu' kernels, 'cxx' torch glue)."""
+    out = {p: "cu" for p in sorted(glob.glob(os.path.join(src, "csrc", "hip", "*.cu")))}
+    for pat in ("csrc/ops/*.cpp", "csrc/ops/gpu/*.cpp"):
+        out.update({p: "cxx" for p in sorted(glob.glob(os.path.join(src, pat)))})
+    return out
+
+
+def _flags(src: str, variant: Variant, sanitize: bool, torch_version: str, torch_inc: List[str]):
+    opt = os.environ.get("SPCONV_HIP_CPU_OPT", "-O1")
+    # -ffp-contract=off: g++ ignores the kernels' `#pragma clang fp contract`, and the CPU route rounds twice.
+    # -march=native: otherwise fmaf is a library call. No NDEBUG: the runtime's own checks stay on.
+    common = [opt, "-g0", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-march=native", "-pthread",
+              "-DSPCONV_HIP_CPU=1", "-DSPCONV_OP_NAMESPACE=" + variant.namespace,
+              "-I" + os.path.join(src, "csrc", "include"), "-I" + os.path.join(src, "csrc")]
+    common += ["-D" + d for d in variant.defines]
+    if sanitize:
+        common += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+    cu = ["-x", "c++", "-std=c++17", "-Wno-unknown-pragmas", "-isystem", os.path.join(runtime_root(), "include")]
+    # C++20: torch 2.13 headers need it (as in setup.py).
+    cxx = ["-std=c++20", '-DSPCONV_GPU_BACKEND="hip_cpu"', '-DSPCONV_GPU_ARCHS="host"',
+           '-DSPCONV_TORCH_VERSION="%s"' % torch_version] + ["-isystem" + p for p in torch_inc]
+    return common, {"cu": cu, "cxx": cxx}
+
+
+def _run(cmd: List[str], what: str):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BuildError("%s failed (%s):\n%s\n%s" % (what, " ".join(shlex.quote(c) for c in cmd), r.stdout,
+                                                      r.stderr[-8000:]))
+
+
+def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Optional[bool] = None,
+          jobs: Optional[int] = None, log=None) -> Built:
+    """Builds (or reuses) the library of one variant from source_root (default: this repository)."""
+    if variant not in VARIANTS:
+        raise BuildError("unknown variant %r (known: %s)" % (variant, ", ".join(VARIANTS)))
+    why = missing_requirements()
+    if why:
+        raise BuildError(why)
+    src = os.path.abspath(source_root or REPO)
+    v = VARIANTS[variant]
+    san = sanitize_enabled(sanitize)
+    torch_version, torch_inc, torch_lib = _torch_paths()
+    common, lang = _flags(src, v, san, torch_version, torch_inc)
+    headers = _tree_digest([os.path.join(src, "csrc")], (".h", ".hpp", ".cuh", ".inc"))
+    runtime = _tree_digest([runtime_root()], (".h", ".hpp", ".c", ".inc", ".S"))
+    base = _digest(_compiler_version(), torch_version, headers, runtime, " ".join(common))
+    cache = os.path.join(BUILD_DIR, "asan" if san else "", "objects")
+    os.makedirs(cache, exist_ok=True)
+
+    jobs_list = []
+    for path, kind in _sources(src).items():
+        with open(path, "rb") as f:
+            key = _digest(base, kind, " ".join(lang[kind]), os.path.relpath(path, src), f.read())
+        obj = os.path.join(cache, "%s-%s.o" % (os.path.basename(path).replace(".", "_"), key))
+        cmd = [_cxx()] + lang[kind] + common + ["-c", path, "-o", obj]
+        jobs_list.append((path, obj, cmd))
+    if not any(p.endswith(".cu") for p, _, _ in jobs_list):
+        raise BuildError("no csrc/hip/*.cu under %s" % src)
+
+    link = ["-shared", "-Wl,-z,defs"] + ["-L" + p for p in torch_lib] + ["-Wl,-rpath," + p for p in torch_lib]
+    link += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltbb", "-lpthread"]
+    if san:
+        link = ["-fsanitize=address,undefined"] + link
+    lib_key = _digest(*[o for _, o, _ in jobs_list], " ".join(link))
+    out_dir = os.path.join(BUILD_DIR, "asan" if san else "", lib_key)
+    lib = os.path.join(out_dir, "libspconv_hipcpu_%s.so" % variant)
+    if os.path.isfile(lib):
+        return Built(variant, v.namespace, lib, True)
+
+    todo = [(p, o, c) for p, o, c in jobs_list if not os.path.isfile(o)]
+    n = jobs or int(os.environ.get("SPCONV_HIP_CPU_JOBS", "0")) or os.cpu_count() or 1
+    if log:
+        log("hip_cpu_build: %s: compiling %d of %d objects with %d jobs" % (variant, len(todo), len(jobs_list), n))
+
+    def compile_one(item):
+        path, obj, cmd = item
+        tmp = obj + ".tmp%d" % os.getpid()
+        _run(cmd[:-1] + [tmp], "compiling " + os.path.relpath(path, src))
+        os.replace(tmp, obj)  # atomic: a concurrent build never sees half an object
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        list(pool.map(compile_one, todo))
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mktemp(dir=out_dir, suffix=".so")
+    _run([_cxx()] + common[:1] + [o for _, o, _ in jobs_list] + ["-o", tmp] + link, "linking " + lib)
+    os.replace(tmp, lib)
+    return Built(variant, v.namespace, lib, False)
+
+
+def load(variant: str = "simt", source_root: Optional[str] = None, **kw) -> Built:
+    """Builds and loads one variant into this process (its namespace then exists under torch.ops)."""
+    import torch
+    b = build(variant, source_root, **kw)
+    torch.ops.load_library(b.path)
+    return b
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variant", default="simt", help="one of %s, or 'all' (the enabled ones)" % ", ".join(VARIANTS))
+    ap.add_argument("--source-root", default=None, help="tree to build (default: this repository)")
+    ap.add_argument("--sanitize", action="store_true", help="AddressSanitizer + UBSan build")
+    ap.add_argument("--jobs", type=int, default=None)
+    a = ap.parse_args(argv)
+    names = enabled_variants(a.source_root) if a.variant == "all" else [a.variant]
+    try:
+        for name in names:
+            b = build(name, a.source_root, sanitize=True if a.sanitize else None, jobs=a.jobs,
+                      log=lambda m: print(m, file=sys.stderr))
+            print("%s %s %s" % (b.namespace, b.path, "(reused)" if b.reused else "(built)"))
+    except BuildError as e:
+        print("hip_cpu_build: %s" % e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
