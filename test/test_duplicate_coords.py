@@ -12,7 +12,6 @@ import spconv._backend  # noqa: F401
 from spconv.pytorch import _fused, pair_rounds
 from spconv.pytorch.core import PairMaps
 
-from _hip_cpu import hip_cpu_ops
 
 ops = torch.ops.spconv
 
@@ -125,9 +124,9 @@ def many_block_dup_map():
 
 
 @pytest.mark.hip_cpu
-def test_hip_cpu_build_fused_map_rejects_repeated_outputs():
+def test_hip_cpu_build_fused_map_rejects_repeated_outputs(hip_cpu):
     """Before: map_fill_kernel kept the last writer of each (output, offset): one duplicate vanished."""
-    hc = hip_cpu_ops()
+    hc = hip_cpu
     _, maps = many_block_dup_map()
     with pytest.raises(ValueError, match="share an output row"):
         hc.build_fused_map(maps.pair_in, maps.pair_out, maps.pair_offsets, maps.num_out, 1)
@@ -135,9 +134,9 @@ def test_hip_cpu_build_fused_map_rejects_repeated_outputs():
 
 @pytest.mark.hip_cpu
 @pytest.mark.parametrize("inverse", [False, True])
-def test_hip_cpu_rounds_match_cpu(inverse):
+def test_hip_cpu_rounds_match_cpu(inverse, hip_cpu):
     """Fused and native GPU routes over the rounds equal the CPU route over the whole map (fwd, dinput, dfilter)."""
-    hc = hip_cpu_ops()
+    hc = hip_cpu
     _, maps = many_block_dup_map()
     if inverse:
         maps = maps.reversed()
@@ -160,3 +159,45 @@ def test_hip_cpu_rounds_match_cpu(inverse):
     torch.testing.assert_close(y_fused, y_ref, **tol)
     torch.testing.assert_close(sum(d for d, _ in grads), dx_ref, **tol)
     torch.testing.assert_close(sum(d for _, d in grads), dw_ref, **tol)
+
+
+# ---- whole layers, the GPU route run on the CPU ----
+
+def _layers_out(idx, feats, layer, shape):
+    from spconv.pytorch.core import SparseConvTensor
+    x = feats.clone().requires_grad_(True)
+    y = layer(SparseConvTensor(x, idx, shape, 1))
+    y.features.backward(torch.ones_like(y.features) * torch.arange(y.features.shape[1]).float())
+    return y.indices, y.features.detach(), x.grad
+
+
+@pytest.mark.hip_cpu
+@pytest.mark.parametrize("kind", ["conv", "inverse", "maxpool", "avgpool"])
+def test_layers_on_gpu_route_sum_duplicates(kind, hip_cpu):
+    """SparseConv3d / SparseInverseConv3d / pools over duplicate coordinates: the GPU route (fused and native
+    conv, pools) equals the CPU route. Before: the fused forward dropped a duplicate."""
+    import spconv.pytorch as spconv
+    from spconv import _backend
+
+    shape = [24, 24, 24]
+    idx = dup_indices(shape, 1500, 0, seed=7)
+    idx = torch.cat([idx, idx[:400]])
+    g = torch.Generator().manual_seed(8)
+    feats = torch.randn(idx.shape[0], 8, generator=g)
+    torch.manual_seed(0)
+    if kind in ("conv", "inverse"):
+        down = spconv.SparseConv3d(8, 8, 3, stride=2, padding=1, bias=False, indice_key="d")
+        layer = down
+        if kind == "inverse":
+            up = spconv.SparseInverseConv3d(8, 8, 3, indice_key="d", bias=False)
+            layer = lambda t: up(down(t))  # noqa: E731
+    elif kind == "maxpool":
+        layer = spconv.SparseMaxPool3d(3, stride=2, padding=1)
+    else:
+        layer = spconv.SparseAvgPool3d(3, stride=2, padding=1)
+    ref = _layers_out(idx, feats, layer, shape)  # the CPU route
+    with _backend.gpu_code_on_cpu(hip_cpu.name):
+        got = _layers_out(idx, feats, layer, shape)
+    assert torch.equal(got[0], ref[0])
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=1e-5)

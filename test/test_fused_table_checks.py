@@ -4,7 +4,6 @@ import torch
 
 import spconv._backend  # noqa: F401
 
-from _hip_cpu import hip_cpu_ops
 
 
 def tables(op, n_out=70, n_in=50, kvol=4, seed=0):
@@ -46,6 +45,6 @@ def test_cpu_reference_checks_tables():
 
 
 @pytest.mark.hip_cpu
-def test_gpu_glue_checks_tables():
+def test_gpu_glue_checks_tables(hip_cpu):
     """Before: the GPU glue checked neither (out-of-bounds reads and writes)."""
-    check_rejects(hip_cpu_ops())
+    check_rejects(hip_cpu)

@@ -5,7 +5,6 @@ import torch
 
 import spconv._backend  # noqa: F401
 
-from _hip_cpu import hip_cpu_ops
 
 ops = torch.ops.spconv
 
@@ -35,9 +34,9 @@ CASES = {
 
 @pytest.mark.hip_cpu
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_gpu_outputs_in_cpu_order(name):
+def test_gpu_outputs_in_cpu_order(name, hip_cpu):
     """Before: the GPU numbered outputs by sorted key (out_indices and every pair_out differed)."""
-    hc = hip_cpu_ops()
+    hc = hip_cpu
     c = dict(CASES[name])
     shape, k, s, p, tr = c["shape"], c["ksize"], c["stride"], c["padding"], c["transpose"]
     nd = len(shape)

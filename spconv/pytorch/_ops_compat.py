@@ -77,7 +77,7 @@ def _table_from_maps(maps: PairMaps, rows_are_outputs: bool) -> torch.Tensor:
 
 def _rounds(features: torch.Tensor, maps: PairMaps) -> List[PairMaps]:
     """The GPU kernels need maps that repeat no row at one offset (see pair_rounds); the CPU sums repeats."""
-    return [maps] if features.device.type == "cpu" else pair_rounds.split_rounds(maps)
+    return pair_rounds.split_rounds(maps) if _backend.runs_gpu_code(features.device) else [maps]
 
 
 def _conv(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
@@ -267,9 +267,9 @@ def indice_maxpool(features: torch.Tensor, indice_pairs: torch.Tensor, indice_pa
 def indice_maxpool_backward(features: torch.Tensor, out_features: torch.Tensor, out_bp: torch.Tensor,
                             indice_pairs: torch.Tensor, indice_pair_num: torch.Tensor) -> torch.Tensor:
     maps = _maps_from_native(indice_pairs, indice_pair_num, features.shape[0], out_features.shape[0])
-    m = _native._pool_device_maps(features, maps)
+    lib, m = _native.pool_route(features, maps)
     dev = m.pair_in.device
-    return _ops.indice_maxpool_backward(features.contiguous().to(dev), out_features.contiguous().to(dev),
+    return lib.indice_maxpool_backward(features.contiguous().to(dev), out_features.contiguous().to(dev),
                                         out_bp.contiguous().to(dev), m.pair_in, m.pair_out,
                                         m.pair_offsets).to(features.device)
 
@@ -285,9 +285,9 @@ def indice_maxpool_implicit_gemm_backward(features: torch.Tensor, out_features: 
                                           indice_pairs: torch.Tensor) -> torch.Tensor:
     """``indice_pairs`` is ``pair_bwd`` ``[kvol, num_in]``."""
     maps = _maps_from_table(indice_pairs, False, features.shape[0], out_features.shape[0])
-    m = _native._pool_device_maps(features, maps)
+    lib, m = _native.pool_route(features, maps)
     dev = m.pair_in.device
-    return _ops.indice_maxpool_backward(features.contiguous().to(dev), out_features.contiguous().to(dev),
+    return lib.indice_maxpool_backward(features.contiguous().to(dev), out_features.contiguous().to(dev),
                                         out_bp.contiguous().to(dev), m.pair_in, m.pair_out,
                                         m.pair_offsets).to(features.device)
 
@@ -304,9 +304,9 @@ def indice_avgpool_implicit_gemm_backward(out_bp: torch.Tensor, indice_pairs: to
                                           count_out: torch.Tensor) -> torch.Tensor:
     """``indice_pairs`` is ``pair_bwd`` ``[kvol, num_in]``; ``count_out`` from the forward with calc_count."""
     maps = _maps_from_table(indice_pairs, False, indice_pairs.shape[1], out_bp.shape[0])
-    m = _native._pool_device_maps(out_bp, maps)
+    lib, m = _native.pool_route(out_bp, maps)
     dev = m.pair_in.device
-    return _ops.indice_avgpool_backward(out_bp.contiguous().to(dev), count_out.int().contiguous().to(dev), m.pair_in,
+    return lib.indice_avgpool_backward(out_bp.contiguous().to(dev), count_out.int().contiguous().to(dev), m.pair_in,
                                         m.pair_out, m.pair_offsets, indice_pairs.shape[1]).to(out_bp.device)
 
 

@@ -15,7 +15,7 @@ def weight_to_filters(weight: torch.Tensor) -> torch.Tensor:
 def conv_features(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
     """Runs one sparse convolution on the route the dispatcher picks; differentiable in features and filters."""
     maps = maps.to(features.device)
-    if features.device.type != "cpu":  # the CPU route sums rows repeated at one offset itself; GPU kernels can't
+    if _backend.runs_gpu_code(features.device):  # the CPU route sums rows repeated at one offset; GPU kernels can't
         parts = pair_rounds.split_rounds(maps)
         if len(parts) > 1:
             return pair_rounds.sum_rounds([_conv_one(features, filters, p, num_out) for p in parts])

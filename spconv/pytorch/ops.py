@@ -152,30 +152,31 @@ def _register_autograd(namespace: str):
 _backend.on_op_library(_register_autograd)
 
 
-def _pool_device_maps(features: torch.Tensor, maps: PairMaps) -> PairMaps:
-    """The map on the features' device, or on the CPU when the GPU kernels can't take it.
+def pool_route(features: torch.Tensor, maps: PairMaps):
+    """(op library, map) for pooling ``features``: the selected library with the map on the features' device,
+    or the CPU route with the map on the CPU when the GPU kernels can't take the map.
 
     The GPU pooling kernels update each output once per offset; a map repeating an output at one offset
     (duplicate coordinates) pools on the CPU instead (slow, but exact and rare). Autograd follows the copies.
     """
     maps = maps.to(features.device)
-    if features.device.type != "cpu" and pair_rounds.has_repeats(maps):
-        return maps.to(torch.device("cpu"))
-    return maps
+    if _backend.runs_gpu_code(features.device) and pair_rounds.has_repeats(maps):
+        return torch.ops.spconv, maps.to(torch.device("cpu"))
+    return _ops, maps
 
 
 def indice_maxpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
     """``max(0, max of the window's active inputs)`` per output (spconv's max-pool semantics)."""
-    m = _pool_device_maps(features, maps)
+    lib, m = pool_route(features, maps)
     x = features.to(m.pair_in.device)
-    return _ops.indice_maxpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out).to(features.device)
+    return lib.indice_maxpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out).to(features.device)
 
 
 def indice_avgpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Mean over the window's active inputs per output, and the int32 count of those inputs."""
-    m = _pool_device_maps(features, maps)
+    lib, m = pool_route(features, maps)
     x = features.to(m.pair_in.device)
-    out, count = _ops.indice_avgpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out)
+    out, count = lib.indice_avgpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out)
     return out.to(features.device), count.to(features.device)
 
 
