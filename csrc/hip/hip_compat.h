@@ -44,10 +44,17 @@
 #if defined(SPCONV_HIP_CPU)
 #define SPCONV_WARP_SIZE 64  // the HIP CPU runtime's warpSize
 #elif defined(SPCONV_HIP)
-#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#if defined(__AMDGCN_WAVEFRONT_SIZE__)
+#define SPCONV_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE__
+#elif defined(__AMDGCN_WAVEFRONT_SIZE)
 #define SPCONV_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#elif defined(__HIP_DEVICE_COMPILE__)
+// A guess would be wrong on half the targets (gfx9 is wave64, gfx10+ wave32 by default).
+#error "hip_compat.h: the device compiler defines no wavefront size (__AMDGCN_WAVEFRONT_SIZE[__])"
 #else
-#define SPCONV_WARP_SIZE 64  // host pass: only used to size shared scratch generously
+// Host pass: used only so that device function bodies (parsed here, compiled in the device pass) type-check;
+// nothing the host runs may depend on it (query hipDeviceProp_t::warpSize at run time for that).
+#define SPCONV_WARP_SIZE 64
 #endif
 #else
 #define SPCONV_WARP_SIZE 32

@@ -21,10 +21,12 @@ int64_t hash_capacity(int64_t expected);
 int hash_clear(int64_t* keys, int32_t* values, int64_t cap, void* stream);
 
 // ---- kernel maps ----
+// Inserts probe at most cap slots: *full (one int32 on the device, 0 on entry) becomes 1 when a key found no
+// slot (the caller raises). Lookups of absent keys in a full table return -1.
 // Submanifold: inserts every input row (key -> row). *dup_row (one int32 on the device, set by the caller
 // to INT32_MAX) receives the smallest row that found its coordinate already present.
 int subm_insert(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t* hkeys, int32_t* hvals,
-                int64_t cap, int32_t* dup_row, void* stream);
+                int64_t cap, int32_t* dup_row, int32_t* full, void* stream);
 // nbr[i * kvol + k] = input row at the offset-k neighbour of row i, or -1.
 int subm_neighbors(const int32_t* indices, int64_t n, const ConvGeometry& g, const int64_t* hkeys,
                    const int32_t* hvals, int64_t cap, int32_t* nbr, void* stream);
@@ -32,7 +34,7 @@ int subm_neighbors(const int32_t* indices, int64_t n, const ConvGeometry& g, con
 int conv_candidate_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, bool transpose, int64_t* keys,
                         void* stream);
 // Inserts every key != -1 (values untouched).
-int hash_insert_keys(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, void* stream);
+int hash_insert_keys(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, int32_t* full, void* stream);
 // For r < m: the slot of uniq[r] gets value r (uniq must already be inserted).
 int hash_assign_rank(const int64_t* uniq, int64_t m, const int64_t* hkeys, int32_t* hvals, int64_t cap,
                      void* stream);

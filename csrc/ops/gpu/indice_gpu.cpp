@@ -30,6 +30,11 @@ namespace {
   std::abort();
 }
 
+// Tables are sized at >= 2x their keys, so a full one means a sizing bug: raise rather than lose keys.
+void check_table_not_full(int32_t full, int64_t cap) {
+  TORCH_CHECK(full == 0, "get_indice_pairs: the coordinate hash table (", cap, " slots) is full");
+}
+
 // table [rows, kvol] int32 (partner or -1) -> pairs grouped by offset, rows ascending within an offset.
 void compact(const at::Tensor& table, bool rows_are_outputs, at::Tensor& pair_in, at::Tensor& pair_out,
              at::Tensor& pair_offsets) {
@@ -101,11 +106,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
     at::Tensor hkeys = at::empty({cap}, lopts), hvals = at::empty({cap}, iopts);
     check_launch(gpu::hash_clear(hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap, stream),
                  "hash_clear");
-    at::Tensor dup = at::full({1}, INT32_MAX, iopts);
+    at::Tensor flags = at::tensor({INT32_MAX, 0}, iopts);  // smallest duplicate row, table full
     check_launch(gpu::subm_insert(ip, n, g, hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap,
-                                  dup.mutable_data_ptr<int32_t>(), stream),
+                                  flags.mutable_data_ptr<int32_t>(), flags.mutable_data_ptr<int32_t>() + 1, stream),
                  "subm_insert");
-    if (dup.item<int32_t>() != INT32_MAX) raise_duplicate(indices_cpu, g);
+    const at::Tensor flags_host = flags.cpu();
+    check_table_not_full(flags_host.const_data_ptr<int32_t>()[1], cap);
+    if (flags_host.const_data_ptr<int32_t>()[0] != INT32_MAX) raise_duplicate(indices_cpu, g);
     at::Tensor nbr = at::empty({n, g.kvol}, iopts);
     check_launch(gpu::subm_neighbors(ip, n, g, hkeys.const_data_ptr<int64_t>(), hvals.const_data_ptr<int32_t>(), cap,
                                      nbr.mutable_data_ptr<int32_t>(), stream),
@@ -121,9 +128,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
   at::Tensor hkeys = at::empty({cap}, lopts), hvals = at::empty({cap}, iopts);
   check_launch(gpu::hash_clear(hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap, stream),
                "hash_clear");
+  at::Tensor full = at::zeros({1}, iopts);
   check_launch(gpu::hash_insert_keys(keys.const_data_ptr<int64_t>(), n * g.kvol, hkeys.mutable_data_ptr<int64_t>(),
-                                     cap, stream),
+                                     cap, full.mutable_data_ptr<int32_t>(), stream),
                "hash_insert_keys");
+  check_table_not_full(full.item<int32_t>(), cap);
   at::Tensor uniq = std::get<0>(at::sort(at::masked_select(hkeys, hkeys.ge(0))));
   const int64_t num_out = uniq.size(0);
   TORCH_CHECK_VALUE(num_out < (int64_t{1} << 31), "too many output coordinates: ", num_out);
