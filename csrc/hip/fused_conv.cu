@@ -705,23 +705,28 @@ int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pa
   }
 }
 
-const char* fused_forward_path(DType t) {
-  if (t == DType::F32) return "simt";
-#if defined(SPCONV_HIP_CPU)
-  return "simt";  // no matrix cores on the host
+namespace {
+// Which 16-bit body this device runs: the kernel is compiled by the same target rules as the forward kernel,
+// so the code the runtime picks for the device (its own binary, or PTX compiled for it) answers.
+__global__ void forward_body_kernel(int32_t* out) {
+#if defined(SPCONV_DEVICE_WMMA)
+  out[0] = 1;
+#elif defined(SPCONV_DEVICE_MFMA)
+  out[0] = 2;
 #else
-  int dev = 0;
-  if (hipGetDevice(&dev) != hipSuccess) return "simt";
-  hipDeviceProp_t prop;
-  if (hipGetDeviceProperties(&prop, dev) != hipSuccess) return "simt";
-#if defined(SPCONV_HIP)
-  const char* arch = prop.gcnArchName;
-  if (std::strncmp(arch, "gfx90a", 6) == 0 || std::strncmp(arch, "gfx94", 5) == 0) return "mfma";
-  return "simt";
-#else
-  return prop.major >= 8 ? "wmma" : "simt";
+  out[0] = 0;
 #endif
-#endif
+}
+}  // namespace
+
+int fused_forward_body(int32_t* out, void* stream) {
+  launch_kernel(forward_body_kernel, dim3(1), dim3(1), 0, static_cast<hipStream_t>(stream), out);
+  return last_launch_error();
+}
+
+const char* fused_body_name(DType t, int32_t body) {
+  if (t == DType::F32) return "simt";  // FP32 always takes the SIMT body
+  return body == 1 ? "wmma" : body == 2 ? "mfma" : "simt";
 }
 
 }  // namespace gpu

@@ -75,8 +75,10 @@ int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr
 int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
                        const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits,
                        float* workspace, void* dw, void* stream);
-// Which kernel body fused_conv_forward runs on the current device for dtype t: "simt", "wmma" or "mfma".
-const char* fused_forward_path(DType t);
+// Which kernel body fused_conv_forward runs on the current device: *out (one int32 on the device) = 0 SIMT,
+// 1 WMMA, 2 MFMA for 16-bit dtypes, as compiled into the code the device runs; fused_body_name names it for t.
+int fused_forward_body(int32_t* out, void* stream);
+const char* fused_body_name(DType t, int32_t body);
 
 // ---- point to voxel (csrc/hip/point_to_voxel.cu; section owner: voxel) ----
 // Grid in zyx order (ndim <= 4): vsize, lower corner lo, grid = voxels per dimension; dimension j reads

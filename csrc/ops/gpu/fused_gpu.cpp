@@ -97,7 +97,10 @@ std::string fused_conv_path_gpu(const at::Tensor& features) {
   c10::DeviceGuard guard(features.device());
   const auto t = features.scalar_type();
   if (t != at::kFloat && t != at::kHalf && t != at::kBFloat16) return "unsupported";
-  return gpu::fused_forward_path(gpu_dtype(t));
+  at::Tensor body = at::empty({1}, features.options().dtype(at::kInt));
+  check_launch(gpu::fused_forward_body(body.mutable_data_ptr<int32_t>(), current_stream(features.device())),
+               "fused_forward_body");
+  return gpu::fused_body_name(gpu_dtype(t), body.item<int32_t>());
 }
 
 }  // namespace
