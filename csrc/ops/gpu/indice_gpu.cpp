@@ -4,8 +4,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <climits>
 #include <limits>
+#include <numeric>
 #include <unordered_set>
 #include <vector>
 
@@ -28,6 +30,20 @@ namespace {
   TORCH_CHECK_VALUE(false, "indices row ", dup, " repeats the coordinate of an earlier row; "
                     "submanifold convolution needs unique coordinates");
   std::abort();
+}
+
+// The most distinct output keys a regular / transposed conv of n inputs can reach (the hash table's load):
+// per dimension a regular conv reaches only the kernel positions o with c + padding - o * dilation divisible
+// by the stride (one residue class of o modulo stride / gcd(stride, dilation)); and there are at most
+// batch x out-grid sites. A 3^3 stride-2 conv: 8 per input, not 27.
+int64_t max_output_keys(const ConvGeometry& g, bool transpose, int64_t n, int64_t batch_size) {
+  int64_t per_input = 1, sites = batch_size;  // sites fits: check_coordinates_on_device bounds it by 2^63
+  for (int d = 0; d < g.ndim; ++d) {
+    const int64_t k = g.ksize[d], period = g.stride[d] / std::gcd(g.stride[d], g.dilation[d]);
+    per_input *= transpose ? k : (k + period - 1) / period;
+    sites *= g.out_shape[d];
+  }
+  return std::min(n * per_input, sites);
 }
 
 // Tables are sized at >= 2x their keys, so a full one means a sizing bug: raise rather than lose keys.
@@ -59,9 +75,8 @@ void compact(const at::Tensor& table, bool rows_are_outputs, at::Tensor& pair_in
 at::Tensor first_seen_order(const at::Tensor& indices, const ConvGeometry& g, const at::Tensor& table,
                             int64_t num_out) {
   const int64_t n = indices.size(0), kvol = table.size(1);
-  at::Tensor c = indices.to(at::kLong);
-  at::Tensor key = c.select(1, 0).clone();
-  for (int d = 0; d < g.ndim; ++d) key = key * int64_t{g.in_shape[d]} + c.select(1, d + 1);
+  at::Tensor key = indices.select(1, 0).to(at::kLong);
+  for (int d = 0; d < g.ndim; ++d) key = key * int64_t{g.in_shape[d]} + indices.select(1, d + 1).to(at::kLong);
   at::Tensor by_key = std::get<1>(at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false));
   at::Tensor pos = at::empty({n}, key.options());
   pos.index_put_({by_key}, at::arange(n, key.options()));
@@ -90,8 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
   const int64_t ndim = static_cast<int64_t>(spatial_shape.size());
   const ConvGeometry g =
       check_indice_pairs_args(indices_arg, spatial_shape, out_shape, ksize, stride, padding, dilation, subm);
-  at::Tensor indices_cpu = indices_arg.cpu().contiguous();
-  check_coordinates(indices_cpu, batch_size, g);
+  check_coordinates_on_device(indices_arg, batch_size, g);
   c10::DeviceGuard guard(indices_arg.device());
   void* stream = current_stream(indices_arg.device());
   at::Tensor indices = indices_arg.contiguous();
@@ -112,7 +126,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
                  "subm_insert");
     const at::Tensor flags_host = flags.cpu();
     check_table_not_full(flags_host.const_data_ptr<int32_t>()[1], cap);
-    if (flags_host.const_data_ptr<int32_t>()[0] != INT32_MAX) raise_duplicate(indices_cpu, g);
+    if (flags_host.const_data_ptr<int32_t>()[0] != INT32_MAX) raise_duplicate(indices_arg.cpu().contiguous(), g);
     at::Tensor nbr = at::empty({n, g.kvol}, iopts);
     check_launch(gpu::subm_neighbors(ip, n, g, hkeys.const_data_ptr<int64_t>(), hvals.const_data_ptr<int32_t>(), cap,
                                      nbr.mutable_data_ptr<int32_t>(), stream),
@@ -124,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
   at::Tensor keys = at::empty({n * g.kvol}, lopts);
   check_launch(gpu::conv_candidate_keys(ip, n, g, transpose, keys.mutable_data_ptr<int64_t>(), stream),
                "conv_candidate_keys");
-  const int64_t cap = gpu::hash_capacity(n * g.kvol);
+  const int64_t cap = gpu::hash_capacity(max_output_keys(g, transpose, n, batch_size));
   at::Tensor hkeys = at::empty({cap}, lopts), hvals = at::empty({cap}, iopts);
   check_launch(gpu::hash_clear(hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap, stream),
                "hash_clear");
