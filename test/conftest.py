@@ -28,10 +28,15 @@ def _hip_cpu_required() -> bool:
     return bool(os.environ.get("CI")) or os.environ.get("SPCONV_REQUIRE_HIP_CPU") == "1"
 
 
-@pytest.fixture(scope="session")
-def hip_cpu():
-    """torch.ops.spconv_hipcpu: the GPU glue and kernels built for the HIP CPU runtime, on the CPU key.
+_HIP_CPU_LOADED = {}
+
+
+def hip_cpu_library(variant: str = "simt"):
+    """torch.ops.<namespace> of one HIP CPU build variant (tools/hip_cpu_build.py), built and loaded once per
+    session; skips (or fails under CI) where the runtime is missing or the variant is not enabled.
     SPCONV_HIP_CPU_SOURCE_ROOT builds another tree (the mutation check uses it)."""
+    if variant in _HIP_CPU_LOADED:
+        return _HIP_CPU_LOADED[variant]
     sys.path.insert(0, _TOOLS)
     import hip_cpu_build
     why = hip_cpu_build.missing_requirements()
@@ -39,10 +44,21 @@ def hip_cpu():
         if _hip_cpu_required():
             pytest.fail("HIP CPU tests required (CI / SPCONV_REQUIRE_HIP_CPU) but: " + why)
         pytest.skip(why)
+    src = os.environ.get("SPCONV_HIP_CPU_SOURCE_ROOT") or None
+    if variant not in hip_cpu_build.enabled_variants(src):
+        pytest.skip("HIP CPU variant %s is not enabled in this tree (needs %s)" % (
+            variant, hip_cpu_build.VARIANTS[variant].requires))
     import torch
     import spconv._backend  # noqa: F401  (the normal extension first: the reference route)
-    built = hip_cpu_build.load("simt", os.environ.get("SPCONV_HIP_CPU_SOURCE_ROOT") or None)
-    return getattr(torch.ops, built.namespace)
+    built = hip_cpu_build.load(variant, src)
+    _HIP_CPU_LOADED[variant] = getattr(torch.ops, built.namespace)
+    return _HIP_CPU_LOADED[variant]
+
+
+@pytest.fixture(scope="session")
+def hip_cpu():
+    """torch.ops.spconv_hipcpu: the GPU glue and kernels built for the HIP CPU runtime, on the CPU key."""
+    return hip_cpu_library("simt")
 
 
 @pytest.fixture

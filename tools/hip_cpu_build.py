@@ -172,7 +172,9 @@ def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Op
     common, lang = _flags(src, v, san, torch_version, torch_inc)
     headers = _tree_digest([os.path.join(src, "csrc")], (".h", ".hpp", ".cuh", ".inc"))
     runtime = _tree_digest([runtime_root()], (".h", ".hpp", ".c", ".inc", ".S"))
-    base = _digest(_compiler_version(), torch_version, headers, runtime, " ".join(common))
+    # The tree's location is not part of the keys: a copy of the tree (the mutation check) reuses the objects
+    # of its unchanged files (they differ only in the __FILE__ strings of error messages).
+    base = _digest(_compiler_version(), torch_version, headers, runtime, " ".join(common).replace(src, "<src>"))
     cache = os.path.join(BUILD_DIR, "asan" if san else "", "objects")
     os.makedirs(cache, exist_ok=True)
 

@@ -1,0 +1,132 @@
+"""Mutation check of the hip_cpu tests: each mutation below is applied alone to a temporary copy of csrc/,
+the HIP CPU library is rebuilt from that copy (tools/hip_cpu_build.py, source-root argument) and the relevant
+hip_cpu tests run against it in a fresh process. Every mutation must make them FAIL; a mutation the tests
+miss is reported as SURVIVED and the script exits non-zero.
+
+Usage:  python3 tools/hip_cpu_mutation.py [--only NAME ...] [--list] [--jobs N]
+(slow-ish: one object rebuild and one test run per mutation; objects of unchanged files come from the cache)
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List, NamedTuple, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hip_cpu_build  # noqa: E402
+
+REPO = hip_cpu_build.REPO
+
+
+class Mutation(NamedTuple):
+    name: str
+    path: str  # relative to the repo root
+    old: str  # must occur exactly `occurrence` + 1 times or more; the occurrence-th one is replaced
+    new: str
+    tests: List[str]  # pytest arguments selecting the tests that must catch it
+    occurrence: int = 0
+    requires: Optional[str] = None  # path that must exist (else the mutation is skipped)
+    why: str = ""
+
+
+_FWD_LOOP_BARRIER = """        Bs[kk][n] = (c < a.cin && col < a.cout) ? to_float(wk[c * a.cout + col]) : 0.f;
+      }
+      __syncthreads();"""
+_FWD_LOOP_END_BARRIER = """          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+      __syncthreads();"""
+_SUBM_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
+    int32_t v = -1;"""
+_CONV_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
+    bool ok ="""
+_FUSED_TESTS = ["test/test_hip_cpu_ops.py", "-k", "fused_forward_dinput_dfilter and f32"]
+_MAP_TESTS = ["test/test_hip_cpu_ops.py", "-k", "kernel_map_pairs"]
+
+MUTATIONS = [
+    Mutation("fwd_barrier_after_load", "csrc/hip/fused_conv.cu", _FWD_LOOP_BARRIER,
+             _FWD_LOOP_BARRIER.replace("__syncthreads();", "/* barrier removed */"), _FUSED_TESTS,
+             why="SIMT forward K loop: the tiles are read before the other threads have stored them"),
+    Mutation("fwd_barrier_after_compute", "csrc/hip/fused_conv.cu", _FWD_LOOP_END_BARRIER,
+             _FWD_LOOP_END_BARRIER.replace("__syncthreads();", "/* barrier removed */"), _FUSED_TESTS,
+             why="SIMT forward K loop: the next K step overwrites tiles other threads still read (Cin > 32)"),
+    Mutation("subm_offset_off_by_one", "csrc/hip/kernel_map.cu", _SUBM_OFFSET,
+             _SUBM_OFFSET.replace("koff);", "koff);\n    if (k == g.kvol - 1) koff[g.ndim - 1] -= 1;"), _MAP_TESTS,
+             why="SubM neighbours: the last kernel offset looks one cell short along the last axis"),
+    Mutation("conv_offset_off_by_one", "csrc/hip/kernel_map.cu", _CONV_OFFSET,
+             _CONV_OFFSET.replace("koff);", "koff);\n    if (k == 0) koff[0] += 1;"), _MAP_TESTS,
+             why="regular/transposed candidates: the first kernel offset is shifted one cell along the first axis"),
+    Mutation("mfma_lane", "csrc/hip/fused_conv.cu", "lr = lane % 16, lq = lane / 16",
+             "lr = (lane + 1) % 16, lq = lane / 16", ["test", "-m", "hip_cpu", "-k", "mfma"],
+             requires="csrc/hip/emu", why="MFMA body: each lane reads its neighbour's row / column"),
+]
+
+
+def apply(m: Mutation, root: str):
+    path = os.path.join(root, m.path)
+    with open(path) as f:
+        s = f.read()
+    at = -1
+    for _ in range(m.occurrence + 1):
+        at = s.find(m.old, at + 1)
+        if at < 0:
+            raise RuntimeError("%s: anchor not found in %s (the source changed; update the mutation)" % (m.name,
+                                                                                                       m.path))
+    with open(path, "w") as f:
+        f.write(s[:at] + m.new + s[at + len(m.old):])
+
+
+def run_one(m: Mutation, jobs: Optional[int]) -> str:
+    if m.requires and not os.path.exists(os.path.join(REPO, m.requires)):
+        return "skipped (%s does not exist yet)" % m.requires
+    tmp = tempfile.mkdtemp(prefix="spconv-mutant-")
+    try:
+        shutil.copytree(os.path.join(REPO, "csrc"), os.path.join(tmp, "csrc"))
+        apply(m, tmp)
+        t0 = time.time()
+        try:
+            hip_cpu_build.build("simt", tmp, jobs=jobs)
+        except hip_cpu_build.BuildError as e:
+            return "ERROR (mutant does not build: %s)" % str(e).splitlines()[0]
+        env = dict(os.environ, SPCONV_HIP_CPU_SOURCE_ROOT=tmp, SPCONV_REQUIRE_HIP_CPU="1")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"] + m.tests
+        r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        tail = (r.stdout.strip().splitlines() or [""])[-1]
+        took = "%.0f s" % (time.time() - t0)
+        if r.returncode == 1:
+            return "caught (%s; %s)" % (tail, took)
+        if r.returncode == 0:
+            return "SURVIVED (%s; %s)" % (tail, took)
+        return "ERROR (pytest exit %d: %s)" % (r.returncode, tail)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", default=None, help="mutation names")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--jobs", type=int, default=None)
+    a = ap.parse_args(argv)
+    if a.list:
+        for m in MUTATIONS:
+            print("%-28s %s: %s" % (m.name, m.path, m.why))
+        return 0
+    why = hip_cpu_build.missing_requirements()
+    if why:
+        print("hip_cpu_mutation: " + why, file=sys.stderr)
+        return 2
+    bad = 0
+    for m in MUTATIONS:
+        if a.only and m.name not in a.only:
+            continue
+        res = run_one(m, a.jobs)
+        print("%-28s %s" % (m.name, res), flush=True)
+        bad += res.startswith(("SURVIVED", "ERROR"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
