@@ -61,6 +61,23 @@ MUTATIONS = [
     Mutation("mfma_lane", "csrc/hip/fused_conv.cu", "lr = lane % 16, lq = lane / 16",
              "lr = (lane + 1) % 16, lq = lane / 16", ["test", "-m", "hip_cpu", "-k", "mfma"],
              requires="csrc/hip/emu", why="MFMA body: each lane reads its neighbour's row / column"),
+    Mutation("map_fill_last_writer", "csrc/hip/fused_conv.cu",
+             "if (atomicCAS(nbr + int64_t(pair_out[p]) * kvol + lo, -1, pair_in[p]) != -1) atomicExch(repeated, 1);",
+             "nbr[int64_t(pair_out[p]) * kvol + lo] = pair_in[p];",
+             ["test/test_duplicate_coords.py", "-k", "hip_cpu_build_fused_map"],
+             why="fused table: a second pair of one (output, offset) silently replaces the first"),
+    Mutation("outputs_in_key_order", "csrc/ops/gpu/indice_gpu.cpp", "  if (num_out > 0) {\n    at::Tensor first_seen",
+             "  if (false) {\n    at::Tensor first_seen", ["test/test_gpu_map_order.py"],
+             why="regular conv outputs keep the hash's sorted-key numbering instead of the CPU's first-seen order"),
+    Mutation("native_16bit_offset_results", "csrc/ops/gpu/conv_gpu.cpp",
+             "at::empty({max_count, c_dst}, src.options().dtype(acc.scalar_type()))",
+             "at::empty({max_count, c_dst}, src.options())", ["test/test_gpu_native_accumulation.py"],
+             why="native route: each offset's FP16/BF16 GEMM result is rounded to 16 bits before the FP32 scatter"),
+    Mutation("fused_order_unchecked", "csrc/ops/gpu/fused_gpu.cpp", "  check_fused_tables(nbr, order, x.size(0));\n",
+             "", ["test/test_fused_table_checks.py"], why="fused_conv reads nbr / order without checking them"),
+    Mutation("hash_insert_unbounded", "csrc/hip/kernel_map.cu", "for (int64_t probe = 0; probe < cap; ++probe) {",
+             "for (int64_t probe = 0;; ++probe) {", ["test/test_gpu_hash_bounds.py", "-k", "full_hash_table"],
+             why="kernel-map hash insert probes forever once the table is full"),
 ]
 
 
