@@ -241,9 +241,9 @@ __device__ void forward_wmma(const FwdArgs& a) {
 // ---- MFMA body (gfx90a / gfx94x, wave64): 4 waves, each a 16x64 slice of the tile ----
 // v_mfma_f32_16x16x16{f16,bf16_1k} operand layout, lane l: A[l%16][4*(l/16)+i], B[4*(l/16)+i][l%16],
 // D[4*(l/16)+i][l%16] for i < 4.
-typedef _Float16 mfma_half4 __attribute__((ext_vector_type(4)));
-typedef short mfma_short4 __attribute__((ext_vector_type(4)));
-typedef float mfma_float4 __attribute__((ext_vector_type(4)));
+typedef SPCONV_VECTOR(_Float16, 4) mfma_half4;
+typedef SPCONV_VECTOR(short, 4) mfma_short4;
+typedef SPCONV_VECTOR(float, 4) mfma_float4;
 
 template <typename T>
 __device__ void forward_mfma(const FwdArgs& a) {
@@ -705,6 +705,15 @@ int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pa
 
 const char* fused_forward_path(DType t) {
   if (t == DType::F32) return "simt";
+#if defined(SPCONV_HIP_CPU)  // host and kernels are one compile: the body compiled in is the one that runs
+#if defined(SPCONV_DEVICE_WMMA)
+  return "wmma";
+#elif defined(SPCONV_DEVICE_MFMA)
+  return "mfma";
+#else
+  return "simt";
+#endif
+#else
   int dev = 0;
   if (hipGetDevice(&dev) != hipSuccess) return "simt";
   hipDeviceProp_t prop;
@@ -716,6 +725,7 @@ const char* fused_forward_path(DType t) {
 #else
   return prop.major >= 8 ? "wmma" : "simt";
 #endif
+#endif  // SPCONV_HIP_CPU
 }
 
 }  // namespace gpu
