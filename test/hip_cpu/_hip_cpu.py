@@ -86,7 +86,7 @@ def build(name, sources, defines=(), rewrite=()):
     flags = FLAGS + [f"-D{d}" for d in defines]
     inc = ["-isystem", os.path.join(root, "include"), "-I", os.path.join(REPO, "csrc", "hip"),
            "-I", os.path.join(REPO, "csrc", "include"), "-I", os.path.join(REPO, "csrc")]
-    h = hashlib.sha256(" ".join([CXX] + flags + LIBS + list(sources) + list(rewrite)).encode())
+    h = hashlib.sha256(" ".join([CXX, root] + flags + LIBS + list(sources) + list(rewrite)).encode())
     headers = [os.path.join(d, f) for d in HEADER_DIRS for f in sorted(os.listdir(os.path.join(REPO, d)))
                if f.endswith((".h", ".hpp"))]
     for rel in list(sources) + headers + [os.path.relpath(__file__, REPO)]:

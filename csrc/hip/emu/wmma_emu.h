@@ -2,15 +2,15 @@
 // fused_conv.cu run in tests without an NVIDIA GPU. Included by hip_compat.h when SPCONV_EMULATE_WMMA is set;
 // never part of an nvcc or hipcc build.
 //
-// Written from the CUDA C++ Programming Guide, "Warp Matrix Functions" (WMMA). Reproduced:
+// Written from the CUDA C++ Programming Guide, section "Warp Matrix Functions" (nvcuda::wmma, <mma.h>). Reproduced:
 //  * fragment<matrix_a | matrix_b, 16, 16, 16, __half | __nv_bfloat16, row_major | col_major> and
 //    fragment<accumulator, 16, 16, 16, float>; fill_fragment (accumulator), load_matrix_sync (operands), mma_sync
 //    (D = A * B + C, fp32 accumulation) and store_matrix_sync (accumulator, mem_row_major / mem_col_major).
 //  * Warps are 32 consecutive linear thread ids, as on NVIDIA (not HIP-CPU's 64-wide wavefront).
 //  * The element-to-thread mapping of a fragment is unspecified: here an operand fragment holds its whole
 //    tile in every lane, and lane l owns accumulator elements e = l + 32 t (t < 8, e = row * 16 + col).
-//    mma_sync therefore needs no cross-lane data, and a store needs all 32 lanes of the warp: one that is
-//    skipped by some lanes leaves holes, as on the hardware.
+//    mma_sync therefore needs no cross-lane data, and a store needs all 32 lanes of the warp: a store that
+//    some lanes skip (undefined on the hardware) leaves holes in the tile.
 //  * Documented preconditions are checked (abort with a message): pointers 256-bit aligned, ldm a multiple
 //    of 8 elements for 16-bit types and of 4 for float.
 // Not reproduced:
