@@ -241,9 +241,9 @@ __device__ void forward_wmma(const FwdArgs& a) {
 // ---- MFMA body (gfx90a / gfx94x, wave64): 4 waves, each a 16x64 slice of the tile ----
 // v_mfma_f32_16x16x16{f16,bf16_1k} operand layout, lane l: A[l%16][4*(l/16)+i], B[4*(l/16)+i][l%16],
 // D[4*(l/16)+i][l%16] for i < 4.
-typedef _Float16 mfma_half4 __attribute__((ext_vector_type(4)));
-typedef short mfma_short4 __attribute__((ext_vector_type(4)));
-typedef float mfma_float4 __attribute__((ext_vector_type(4)));
+typedef SPCONV_VECTOR(_Float16, 4) mfma_half4;
+typedef SPCONV_VECTOR(short, 4) mfma_short4;
+typedef SPCONV_VECTOR(float, 4) mfma_float4;
 
 template <typename T>
 __device__ void forward_mfma(const FwdArgs& a) {
@@ -707,7 +707,8 @@ int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pa
 
 namespace {
 // Which 16-bit body this device runs: the kernel is compiled by the same target rules as the forward kernel,
-// so the code the runtime picks for the device (its own binary, or PTX compiled for it) answers.
+// so the code the runtime picks for the device (its own binary, or PTX compiled for it) answers. Under the HIP
+// CPU runtime that is the body compiled in: an emulated WMMA/MFMA variant answers wmma/mfma, the plain one simt.
 __global__ void forward_body_kernel(int32_t* out) {
 #if defined(SPCONV_DEVICE_WMMA)
   out[0] = 1;

@@ -68,6 +68,23 @@
 #define SPCONV_DEVICE_MFMA 1  // MFMA with fp16 and bf16_1k inputs (CDNA2/CDNA3)
 #endif
 
+// ---- emulated matrix cores (HIP-CPU build only): the WMMA or MFMA bodies then run on the CPU in tests ----
+#if defined(SPCONV_HIP_CPU) && defined(SPCONV_EMULATE_WMMA) && defined(SPCONV_EMULATE_MFMA)
+#error "emulate one of WMMA and MFMA per build"
+#elif defined(SPCONV_HIP_CPU) && defined(SPCONV_EMULATE_WMMA)
+#include "emu/wmma_emu.h"
+#define SPCONV_DEVICE_WMMA 1
+#elif defined(SPCONV_HIP_CPU) && defined(SPCONV_EMULATE_MFMA)
+#include "emu/mfma_emu.h"
+#define SPCONV_DEVICE_MFMA 1
+#endif
+// T vector of n elements as the MFMA builtins take it: clang's ext_vector_type, or vector_size elsewhere.
+#if defined(__clang__)
+#define SPCONV_VECTOR(T, n) T __attribute__((ext_vector_type(n)))
+#else
+#define SPCONV_VECTOR(T, n) T __attribute__((vector_size((n) * sizeof(T))))
+#endif
+
 namespace spconv {
 namespace gpu {
 
