@@ -30,6 +30,7 @@ class Mutation(NamedTuple):
     occurrence: int = 0
     requires: Optional[str] = None  # path that must exist (else the mutation is skipped)
     why: str = ""
+    variant: str = "simt"  # the build the tests run on (built first: a mutant that does not build is an error)
 
 
 _FWD_LOOP_BARRIER = """        Bs[kk][n] = (c < a.cin && col < a.cout) ? to_float(wk[c * a.cout + col]) : 0.f;
@@ -60,7 +61,13 @@ MUTATIONS = [
              why="regular/transposed candidates: the first kernel offset is shifted one cell along the first axis"),
     Mutation("mfma_lane", "csrc/hip/fused_conv.cu", "lr = lane % 16, lq = lane / 16",
              "lr = (lane + 1) % 16, lq = lane / 16", ["test", "-m", "hip_cpu", "-k", "mfma"],
-             requires="csrc/hip/emu", why="MFMA body: each lane reads its neighbour's row / column"),
+             requires="csrc/hip/emu", variant="mfma", why="MFMA body: each lane reads its neighbour's row / column"),
+    Mutation("mfma_a_lane_roles_swapped", "csrc/hip/fused_conv.cu",
+             "av[i] = static_cast<short>(As[wave * 16 + lr][ks + 4 * lq + i]);",
+             "av[i] = static_cast<short>(As[wave * 16 + 4 * lq + i][ks + lr]);",
+             ["test/test_hip_cpu_variants.py", "test/test_hip_cpu_network.py", "-k", "mfma"],
+             requires="csrc/hip/emu", variant="mfma",
+             why="MFMA forward: the A operand load swaps the roles of lane % 16 and lane / 16 (a transposed sub-tile)"),
     Mutation("map_fill_last_writer", "csrc/hip/fused_conv.cu",
              "if (atomicCAS(nbr + int64_t(pair_out[p]) * kvol + lo, -1, pair_in[p]) != -1) atomicExch(repeated, 1);",
              "nbr[int64_t(pair_out[p]) * kvol + lo] = pair_in[p];",
@@ -104,7 +111,7 @@ def run_one(m: Mutation, jobs: Optional[int]) -> str:
         apply(m, tmp)
         t0 = time.time()
         try:
-            hip_cpu_build.build("simt", tmp, jobs=jobs)
+            hip_cpu_build.build(m.variant, tmp, jobs=jobs)
         except hip_cpu_build.BuildError as e:
             return "ERROR (mutant does not build: %s)" % str(e).splitlines()[0]
         env = dict(os.environ, SPCONV_HIP_CPU_SOURCE_ROOT=tmp, SPCONV_REQUIRE_HIP_CPU="1")

@@ -6,7 +6,7 @@ v_mfma_f32_16x16x16bf16_1k (lane l, element i): A[l % 16][4 (l / 16) + i], B and
 import numpy as np
 import pytest
 
-import _hip_cpu
+from conftest import hip_cpu_program, run_program
 from _tiles import exact_fp32_product, from_bits, random_bits, to_bits, within_fp32_rounding
 
 pytestmark = pytest.mark.hip_cpu
@@ -35,7 +35,7 @@ def unlanes_d(v):
 
 @pytest.fixture(scope="module")
 def exe():
-    return _hip_cpu.build("mfma_emu_test", ["test/hip_cpu/mfma_emu_test.cu"], ["SPCONV_EMULATE_MFMA=1"])
+    return hip_cpu_program("mfma_emu_test", ["test/hip_cpu/mfma_emu_test.cu"], ["SPCONV_EMULATE_MFMA=1"])
 
 
 def run_lanes(exe, tmp_path, dtype, a_lanes, b_lanes, c_lanes, threads, cbsz=0, expect_ok=True):
@@ -44,7 +44,7 @@ def run_lanes(exe, tmp_path, dtype, a_lanes, b_lanes, c_lanes, threads, cbsz=0, 
     with open(tmp_path / "in.bin", "wb") as f:
         for arr in (a_lanes.astype(np.uint16), b_lanes.astype(np.uint16), c_lanes.astype(np.float32)):
             arr.tofile(f)
-    r = _hip_cpu.run(exe, dtype, threads, steps, cbsz, tmp_path / "in.bin", tmp_path / "out.bin", expect_ok=expect_ok)
+    r = run_program(exe, dtype, threads, steps, cbsz, tmp_path / "in.bin", tmp_path / "out.bin", expect_ok=expect_ok)
     if not expect_ok:
         return r
     return np.fromfile(tmp_path / "out.bin", dtype=np.float32).reshape(c_lanes.shape)

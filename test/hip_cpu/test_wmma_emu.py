@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-import _hip_cpu
+from conftest import hip_cpu_program, run_program
 from _tiles import exact_fp32_product, from_bits, random_bits, within_fp32_rounding
 
 pytestmark = pytest.mark.hip_cpu
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.hip_cpu
 
 @pytest.fixture(scope="module")
 def exe():
-    return _hip_cpu.build("wmma_emu_test", ["test/hip_cpu/wmma_emu_test.cu"], ["SPCONV_EMULATE_WMMA=1"])
+    return hip_cpu_program("wmma_emu_test", ["test/hip_cpu/wmma_emu_test.cu"], ["SPCONV_EMULATE_WMMA=1"])
 
 
 def place(tiles, layout, ldm):
@@ -28,7 +28,7 @@ def run_tiles(exe, tmp_path, dtype, la, lb, ld, steps, ldm, c0, seed):
     b = random_bits(rng, dtype, (2, steps, 16, 16))
     inp = np.concatenate([place(a.reshape(-1, 16, 16), la, ldm).ravel(), place(b.reshape(-1, 16, 16), lb, ldm).ravel()])
     inp.tofile(tmp_path / "in.bin")
-    _hip_cpu.run(exe, dtype, la, lb, ld, steps, ldm, repr(c0), tmp_path / "in.bin", tmp_path / "out.bin")
+    run_program(exe, dtype, la, lb, ld, steps, ldm, repr(c0), tmp_path / "in.bin", tmp_path / "out.bin")
     mem = np.fromfile(tmp_path / "out.bin", dtype=np.float32).reshape(2, 16, ldm)
     assert np.isnan(mem[:, :, 16:]).all(), "stored outside the tile"
     d = mem[:, :, :16] if ld == "row" else mem[:, :, :16].transpose(0, 2, 1)
@@ -52,7 +52,7 @@ def test_tile_product(exe, tmp_path, dtype, la, lb, ld, steps):
 def test_checks_documented_ldm(exe, tmp_path):
     """ldm must be a multiple of 8 elements for 16-bit types: the emulator refuses 20."""
     np.zeros(2 * 2 * 16 * 20, dtype=np.uint16).tofile(tmp_path / "in.bin")
-    r = _hip_cpu.run(exe, "f16", "row", "row", "row", 1, 20, "0", tmp_path / "in.bin", tmp_path / "out.bin",
+    r = run_program(exe, "f16", "row", "row", "row", 1, 20, "0", tmp_path / "in.bin", tmp_path / "out.bin",
                      expect_ok=False)
     assert r.returncode != 0 and "ldm" in r.stderr
     assert not os.path.exists(tmp_path / "out.bin")
