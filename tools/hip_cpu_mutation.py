@@ -36,8 +36,7 @@ class Mutation(NamedTuple):
 _FWD_LOOP_BARRIER = """        Bs[kk][n] = (c < a.cin && col < a.cout) ? to_float(wk[c * a.cout + col]) : 0.f;
       }
       __syncthreads();"""
-_FWD_LOOP_END_BARRIER = """          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-      }
+_FWD_LOOP_END_BARRIER = """      simt_fma_tile(As, Bs, tx, ty, acc);
       __syncthreads();"""
 _SUBM_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
     int32_t v = -1;"""
