@@ -84,11 +84,3 @@ def run_program(exe, *args, expect_ok=True, timeout=600):
 def hip_cpu():
     """torch.ops.spconv_hipcpu: the GPU glue and kernels built for the HIP CPU runtime, on the CPU key."""
     return hip_cpu_library("simt")
-
-
-@pytest.fixture
-def gpu_code_on_cpu(hip_cpu):
-    """The Python layers route CPU tensors through the HIP CPU build for the duration of one test."""
-    from spconv import _backend
-    with _backend.gpu_code_on_cpu(hip_cpu.name):
-        yield hip_cpu

@@ -1,4 +1,4 @@
-"""Whole networks through the GPU code on the CPU (HIP CPU runtime; see conftest's gpu_code_on_cpu): the
+"""Whole networks through the GPU code on the CPU (HIP CPU runtime; spconv._backend.gpu_code_on_cpu): the
 benchmark's ``basic`` network on a crop of a real scan and on a synthetic scan (voxelized by PointToVoxel),
 and a U-Net with inverse convolutions, forward and backward, against the CPU route on the same inputs. Both
 GPU routes run: fused (default) and native (SPCONV_FORCE_NATIVE). In FP16 the same networks also run through
@@ -60,7 +60,10 @@ def rel(a, b):
 
 
 def compare(net, x, tol=1e-4):
-    ref_out, ref_dx, ref_grads = run(net, x)  # CPU route
+    assert _backend.ops.namespace == "spconv"
+    with torch.profiler.profile() as prof:
+        ref_out, ref_dx, ref_grads = run(net, x)  # CPU route
+    assert not any(e.name.startswith("spconv_hipcpu::") for e in prof.events())
     for force_native in (False, True):
         old = constants.SPCONV_FORCE_NATIVE
         constants.SPCONV_FORCE_NATIVE = force_native
@@ -107,7 +110,7 @@ def real_scan_crop():
     return spconv.SparseConvTensor(torch.from_numpy(feats[rows]), torch.from_numpy(idx), shape, 1)
 
 
-def test_basic_net_real_scan(gpu_code_on_cpu):
+def test_basic_net_real_scan(hip_cpu):
     x = real_scan_crop()
     assert x.indices.shape[0] > 100
     compare(basic_net(x.features.shape[1]), x)
@@ -127,7 +130,7 @@ def synthetic_scan_voxels():
     return spconv.SparseConvTensor(feats.contiguous(), idx, [64, 64, 64], 1), (voxels, indices, num)
 
 
-def test_basic_net_synthetic_scan(gpu_code_on_cpu):
+def test_basic_net_synthetic_scan(hip_cpu):
     with _backend.gpu_code_on_cpu():
         x, gpu_vox = synthetic_scan_voxels()
     _, cpu_vox = synthetic_scan_voxels()
@@ -137,7 +140,7 @@ def test_basic_net_synthetic_scan(gpu_code_on_cpu):
     compare(basic_net(3), x)
 
 
-def test_unet_inverse_convs(gpu_code_on_cpu):
+def test_unet_inverse_convs(hip_cpu):
     torch.manual_seed(0)
     x, _, _ = _scene(1, batch_size=1, shape=(17, 16, 16), n_objects=3)
     net = UNet(4, 3)
@@ -145,12 +148,38 @@ def test_unet_inverse_convs(gpu_code_on_cpu):
     compare(net, x)
 
 
-def test_empty_input_network(gpu_code_on_cpu):
+def test_empty_input_network(hip_cpu):
     x = spconv.SparseConvTensor(torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.int32), [17, 16, 16], 1)
     net = UNet(4, 3).eval()
     with _backend.gpu_code_on_cpu():
         out = net(x)
     assert out.shape == (0, 3)
+
+
+def test_hash_table_class(hip_cpu):
+    """spconv.pytorch.hash.HashTable (grown and rehashed on the CPU) over the GPU hash kernels."""
+    from spconv.pytorch.hash import HashTable
+    g = torch.Generator().manual_seed(2)
+    keys = torch.randint(0, 5000, (3000,), generator=g)
+    values = torch.randint(-100, 100, (3000,), generator=g)
+    query = torch.randint(0, 6000, (1000,), generator=g)
+
+    def session():
+        t = HashTable("cpu", torch.int64, torch.int64, max_size=100)
+        t.insert(keys[:1000], values[:1000])
+        t.insert(keys[1000:], values[1000:])  # grows: rehash through hash_table_insert
+        q = t.query(query)
+        e = t.insert_exist_keys(query, query * 2)
+        k, v = t.items()[:2]
+        order = torch.argsort(k)
+        return q, e, k[order], v[order]
+
+    with _backend.gpu_code_on_cpu(), torch.profiler.profile() as prof:
+        got = session()
+    assert "spconv_hipcpu::hash_table_insert" in {e.name for e in prof.events()}
+    for a, b in zip(got, session()):  # against the CPU route
+        for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            assert torch.equal(x, y)
 
 
 # ---- FP16 through the emulated matrix-core bodies ----
@@ -202,6 +231,7 @@ def test_network_fp16_emulated(variant, name):
     if name not in _SIMT:
         _SIMT[name] = flat(run_through("simt", *as_dtype(copy.deepcopy(net), x, torch.float16)))
     got = flat(run_through(variant, *as_dtype(copy.deepcopy(net), x, torch.float16)))
+    assert _backend.ops.namespace == "spconv"
     ref = flat(run(*as_dtype(copy.deepcopy(net), x, torch.float64)))  # CPU route, FP64
     assert len(got) == len(ref) == len(_SIMT[name])
     for i, (g, r, s) in enumerate(zip(got, ref, _SIMT[name])):
