@@ -577,6 +577,22 @@ __global__ void map_masks_kernel(const int32_t* nbr, int64_t num_rows, int64_t k
   }
 }
 
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// f(TypeTag<element type of t>{}): the one dtype switch of the fused launchers.
+template <typename F>
+int with_element_type(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: return f(TypeTag<float>{});
+    case DType::F16: return f(TypeTag<__half>{});
+    case DType::BF16: return f(TypeTag<bf16_t>{});
+    default: return static_cast<int>(hipErrorInvalidValue);
+  }
+}
+
 // The 16-byte tile loads of the 16-bit bodies: eight channels per vector, both operands 16-byte aligned.
 inline int vector_loads_ok(bool k16, int64_t cin, int64_t cout, const void* p, const void* q) {
   return k16 && cin % 8 == 0 && cout % 8 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0 &&
@@ -669,12 +685,7 @@ int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr
   a.y = y;
   a.vec = vector_loads_ok(t != DType::F32, cin, cout, x, w);
   hipStream_t s = static_cast<hipStream_t>(stream);
-  switch (t) {
-    case DType::F32: return launch_forward<float>(a, num_splits, s);
-    case DType::F16: return launch_forward<__half>(a, num_splits, s);
-    case DType::BF16: return launch_forward<bf16_t>(a, num_splits, s);
-    default: return static_cast<int>(hipErrorInvalidValue);
-  }
+  return with_element_type(t, [&](auto tag) { return launch_forward<typename decltype(tag)::type>(a, num_splits, s); });
 }
 
 int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
@@ -683,15 +694,10 @@ int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pa
   if (kvol <= 0 || cin <= 0 || cout <= 0) return 0;
   if (splits < 1) return static_cast<int>(hipErrorInvalidValue);
   hipStream_t s = static_cast<hipStream_t>(stream);
-  switch (t) {
-    case DType::F32: return launch_dfilter<float>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout, splits,
-                                                  workspace, dw, s);
-    case DType::F16: return launch_dfilter<__half>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout, splits,
-                                                   workspace, dw, s);
-    case DType::BF16: return launch_dfilter<bf16_t>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout, splits,
-                                                    workspace, dw, s);
-    default: return static_cast<int>(hipErrorInvalidValue);
-  }
+  return with_element_type(t, [&](auto tag) {
+    return launch_dfilter<typename decltype(tag)::type>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout,
+                                                        splits, workspace, dw, s);
+  });
 }
 
 namespace {
