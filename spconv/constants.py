@@ -8,7 +8,9 @@ def _env_flag(name: str, default: str = "0") -> bool:
 
 # Route policy: SPCONV_FORCE_NATIVE=1 disables the fused GPU route (forward, dinput, dfilter).
 SPCONV_FORCE_NATIVE = _env_flag("SPCONV_FORCE_NATIVE")
-# Allow TF32 tensor cores for FP32 convolutions on NVIDIA GPUs (like torch.backends.cuda.matmul.allow_tf32).
+# spconv 2.x's TF32 switch, kept for compatibility. TF32 runs only on the native route, whose FP32 GEMMs
+# (at::mm) follow torch.backends.cuda.matmul.allow_tf32; the fused route always computes FP32 with FMA (its
+# SIMT body), whatever this says. Set SPCONV_FORCE_NATIVE=1 together with torch's flag to get TF32.
 SPCONV_ALLOW_TF32 = _env_flag("SPCONV_ALLOW_TF32")
 # Check that a regular/transposed conv's input has unique coordinates (costs a sort per layer; off by default,
 # duplicates then act as one site holding their summed features). Submanifold convs always check. Settable.

@@ -37,13 +37,7 @@ def hip_cpu_library(variant: str = "simt"):
     SPCONV_HIP_CPU_SOURCE_ROOT builds another tree (the mutation check uses it)."""
     if variant in _HIP_CPU_LOADED:
         return _HIP_CPU_LOADED[variant]
-    sys.path.insert(0, _TOOLS)
-    import hip_cpu_build
-    why = hip_cpu_build.missing_requirements()
-    if why:
-        if _hip_cpu_required():
-            pytest.fail("HIP CPU tests required (CI / SPCONV_REQUIRE_HIP_CPU) but: " + why)
-        pytest.skip(why)
+    hip_cpu_build = _hip_cpu_tool()
     src = os.environ.get("SPCONV_HIP_CPU_SOURCE_ROOT") or None
     if variant not in hip_cpu_build.enabled_variants(src):
         pytest.skip("HIP CPU variant %s is not enabled in this tree (needs %s)" % (
@@ -53,6 +47,37 @@ def hip_cpu_library(variant: str = "simt"):
     built = hip_cpu_build.load(variant, src)
     _HIP_CPU_LOADED[variant] = getattr(torch.ops, built.namespace)
     return _HIP_CPU_LOADED[variant]
+
+
+def _hip_cpu_tool():
+    """tools/hip_cpu_build.py, after skipping (or failing under CI) where the runtime is missing."""
+    sys.path.insert(0, _TOOLS)
+    import hip_cpu_build
+    why = hip_cpu_build.missing_requirements()
+    if why:
+        if _hip_cpu_required():
+            pytest.fail("HIP CPU tests required (CI / SPCONV_REQUIRE_HIP_CPU) but: " + why)
+        pytest.skip(why)
+    return hip_cpu_build
+
+
+def hip_cpu_program(name: str, sources, defines=()):
+    """Path of a standalone program built against the HIP CPU runtime (the emulator tests' drivers)."""
+    tool = _hip_cpu_tool()
+    try:
+        return tool.build_program(name, list(sources), list(defines),
+                                  os.environ.get("SPCONV_HIP_CPU_SOURCE_ROOT") or None)
+    except tool.BuildError as e:
+        pytest.fail(str(e))
+
+
+def run_program(exe, *args, expect_ok=True, timeout=600):
+    import subprocess
+    r = subprocess.run([exe] + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+    if expect_ok and r.returncode != 0:
+        pytest.fail("%s %s exited %d:\n%s" % (os.path.basename(exe), " ".join(map(str, args)), r.returncode,
+                                               r.stderr[-4000:]))
+    return r
 
 
 @pytest.fixture(scope="session")

@@ -370,3 +370,13 @@ def test_quick_run_end_to_end(tmp_path):
     assert {("basic", "forward"), ("basic", "forward_backward"), ("layers", "forward")} <= passes
     fwd = next(m for m in data["measurements"] if m["workload"] == "basic" and m["pass_name"] == "forward")
     assert fwd["flops"] > 0 and fwd["mm_ms"] > 0 and len(fwd["samples_ms"]) == fwd["iters"]
+
+
+def test_fused_tf32_rows_say_they_are_fp32():
+    """TF32 runs only on the native route: a fused row under the tf32 column is plain FP32."""
+    kw = dict(workload="layers", case="subm 64->64", chosen=True, pass_name="forward", voxels=10, flops=1.0,
+              median_ms=1.0, min_ms=1.0, max_ms=1.0, iters=1, mm_ms=None, samples_ms=[1.0])
+    fused = report.measurement_rows([Measurement(route="fused", dtype="tf32", **kw)])[0]
+    native = report.measurement_rows([Measurement(route="native", dtype="tf32", **kw)])[0]
+    assert "fp32" in fused[2] and "no tf32" in fused[2]
+    assert native[2] == "tf32"

@@ -1,7 +1,10 @@
 """Whole networks through the GPU code on the CPU (HIP CPU runtime; spconv._backend.gpu_code_on_cpu): the
 benchmark's ``basic`` network on a crop of a real scan and on a synthetic scan (voxelized by PointToVoxel),
 and a U-Net with inverse convolutions, forward and backward, against the CPU route on the same inputs. Both
-GPU routes run: fused (default) and native (SPCONV_FORCE_NATIVE)."""
+GPU routes run: fused (default) and native (SPCONV_FORCE_NATIVE). In FP16 the same networks also run through
+the emulated WMMA and MFMA bodies (tools/hip_cpu_build.py variants), against FP64 and bit for bit against
+the SIMT body."""
+import copy
 import os
 
 import numpy as np
@@ -13,6 +16,7 @@ from spconv import _backend, constants
 from spconv.benchmark import scenes
 from spconv.benchmark.network import build_basic_net
 from spconv.pytorch.utils import PointToVoxel
+from conftest import hip_cpu_library
 from test_end_to_end import UNet, _scene
 
 pytestmark = pytest.mark.hip_cpu
@@ -176,3 +180,62 @@ def test_hash_table_class(hip_cpu):
     for a, b in zip(got, session()):  # against the CPU route
         for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
             assert torch.equal(x, y)
+
+
+# ---- FP16 through the emulated matrix-core bodies ----
+# Relative to the norm. Every layer rounds its output to FP16, so the error grows with depth (one op: 2e-3;
+# the basic network: ~2e-2); the bit-for-bit comparison with the SIMT body is the sharp check.
+FP16_TOL = 5e-2
+
+
+def fp16_case(name):
+    """(network, input) in FP32; the basic network on the real scan crop, or the U-Net."""
+    if name == "basic_crop":
+        x = real_scan_crop()
+        return basic_net(x.features.shape[1]), x
+    torch.manual_seed(0)
+    x, _, _ = _scene(1, batch_size=1, shape=(17, 16, 16), n_objects=3)
+    return UNet(4, 3).eval(), x
+
+
+def as_dtype(net, x, dtype):
+    net = net.to(dtype)
+    return net, spconv.SparseConvTensor(x.features.to(dtype), x.indices, x.spatial_shape, x.batch_size)
+
+
+def run_through(variant, net, x):
+    ops = hip_cpu_library(variant)
+    with _backend.gpu_code_on_cpu(ops.name), torch.profiler.profile() as prof:
+        assert ops.fused_conv_path(x.features) == variant
+        res = run(net, x)
+    ran = {e.name for e in prof.events()}
+    assert {ops.name + "::fused_conv", ops.name + "::fused_conv_dfilter"} <= ran, variant
+    assert not any(n.startswith("spconv::") for n in ran), variant  # nothing fell back to the CPU route
+    return res
+
+
+def flat(res):
+    """Output features (coordinate order), dinput and the parameter gradients, as one list."""
+    out, dx, grads = res
+    f = out if isinstance(out, torch.Tensor) else by_coordinate(out)[1]
+    return [f, dx] + [grads[n] for n in sorted(grads)]
+
+
+_SIMT = {}
+
+
+@pytest.mark.parametrize("name", ["basic_crop", "unet"])
+@pytest.mark.parametrize("variant", ["wmma", "mfma"])
+def test_network_fp16_emulated(variant, name):
+    net, x = fp16_case(name)
+    if name not in _SIMT:
+        _SIMT[name] = flat(run_through("simt", *as_dtype(copy.deepcopy(net), x, torch.float16)))
+    got = flat(run_through(variant, *as_dtype(copy.deepcopy(net), x, torch.float16)))
+    assert _backend.ops.namespace == "spconv"
+    ref = flat(run(*as_dtype(copy.deepcopy(net), x, torch.float64)))  # CPU route, FP64
+    assert len(got) == len(ref) == len(_SIMT[name])
+    for i, (g, r, s) in enumerate(zip(got, ref, _SIMT[name])):
+        assert g.dtype == torch.float16 and torch.isfinite(g).all(), i
+        assert rel(g, r) < FP16_TOL, "%s %s item %d: relative error %g" % (variant, name, i, rel(g, r))
+        assert torch.equal(g.view(torch.int16), s.view(torch.int16)), "%s %s item %d differs from SIMT" % (
+            variant, name, i)

@@ -88,8 +88,6 @@ def test_kernel_map_pairs(name):
         assert torch.equal(x, y), "offset %d" % k
 
 
-@pytest.mark.xfail(strict=True, reason="GPU numbers regular/transposed conv outputs by sorted packed key, the CPU "
-                   "route by first appearance (known; fixed separately)")
 @pytest.mark.parametrize("name", ["conv_s2", "deconv"])
 def test_kernel_map_output_order(name):
     _, (c_out, c_pin, c_pout, _), (g_out, g_pin, g_pout, _) = both_maps(name)

@@ -1,6 +1,11 @@
 """Every HIP CPU build variant (tools/hip_cpu_build.py VARIANTS: plain SIMT, emulated WMMA, emulated MFMA)
-runs the fused forward, dinput and dfilter of FP16/BF16 within tolerance of an FP64 reference. A variant
-is skipped until the tree enables it (the emulation headers under csrc/hip/emu)."""
+runs the fused forward, dinput and dfilter of FP16/BF16 within tolerance of an FP64 reference, and the
+emulated bodies agree bit for bit with the SIMT body. A variant is skipped until the tree enables it (the
+emulation headers under csrc/hip/emu). The emulators have their own tests (test/hip_cpu/), so a failure here
+is the kernel's."""
+import glob
+import os
+import re
 import sys
 
 import pytest
@@ -15,20 +20,72 @@ import hip_cpu_build  # noqa: E402
 pytestmark = pytest.mark.hip_cpu
 
 cpu = torch.ops.spconv
+EMULATED = ["wmma", "mfma"]
+DTYPES = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+# (cin, cout, geometry): channels a multiple of 8 (vector loads) and not, one past a tile, several K steps and
+# column tiles; kernel volumes 27 and 8; a sparse map whose offsets leave whole row tiles empty (mask walk).
+CASES = {
+    "vec": (40, 72, dict(shape=[6, 7, 5], batch=2, n=120, ksize=3)),
+    "scalar": (13, 70, dict(shape=[6, 7, 5], batch=2, n=120, ksize=3)),
+    "wide": (72, 136, dict(shape=[8, 8, 8], batch=1, n=100, ksize=2, stride=2, subm=False)),
+    "sparse": (33, 65, dict(shape=[12, 12, 12], batch=1, n=150, ksize=3)),
+}
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
-@pytest.mark.parametrize("channels", [(40, 72), (13, 70)], ids=["vec", "scalar"])
-@pytest.mark.parametrize("variant", sorted(hip_cpu_build.VARIANTS))
-def test_variant_fused_low_precision(variant, channels, dtype):
-    ops = hip_cpu_library(variant)
-    cin, cout = channels
-    idx, args = geometry(shape=[6, 7, 5], batch=2, n=120, ksize=3)
+def run_fused(ops, case, dtype, splits=2):
+    """(forward, dinput, dfilter) of ops on the case's inputs, plus the inputs' maps for a reference."""
+    cin, cout, geo = CASES[case]
+    idx, args = geometry(**geo)
     m = as_maps(cpu.get_indice_pairs(idx, *args), idx.shape[0])
     x, w, dy = fused_inputs(m, cin, cout, dtype)
-    y = ops.fused_conv(x, w, *ops.build_fused_map(m.pair_in, m.pair_out, m.pair_offsets, m.num_out, 2))
+    s = min(splits, m.pair_offsets.numel() - 1)
+    y = ops.fused_conv(x, w, *ops.build_fused_map(m.pair_in, m.pair_out, m.pair_offsets, m.num_out, s))
     dx = ops.fused_conv(dy, w.transpose(1, 2).contiguous(),
-                        *ops.build_fused_map(m.pair_out, m.pair_in, m.pair_offsets, m.num_in, 2))
+                        *ops.build_fused_map(m.pair_out, m.pair_in, m.pair_offsets, m.num_in, s))
     dw = ops.fused_conv_dfilter(x, dy, m.pair_in, m.pair_out, m.pair_offsets)
-    for what, got, ref in zip(("forward", "dinput", "dfilter"), (y, dx, dw), native_f64(x, w, dy, m)):
-        assert rel_err(got, ref) < TOL[dtype], "%s %s: relative error %g" % (variant, what, rel_err(got, ref))
+    return (y, dx, dw), (x, w, dy, m)
+
+
+@pytest.mark.parametrize("variant", sorted(hip_cpu_build.VARIANTS))
+def test_variant_reports_its_body(variant):
+    ops = hip_cpu_library(variant)
+    x = torch.zeros(4, 8)
+    assert ops.fused_conv_path(x) == "simt"  # FP32 always runs the SIMT body
+    for dtype in (torch.float16, torch.bfloat16):
+        assert ops.fused_conv_path(x.to(dtype)) == variant
+
+
+@DTYPES
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("variant", sorted(hip_cpu_build.VARIANTS))
+def test_variant_fused_low_precision(variant, case, dtype):
+    got, (x, w, dy, m) = run_fused(hip_cpu_library(variant), case, dtype)
+    for what, g, ref in zip(("forward", "dinput", "dfilter"), got, native_f64(x, w, dy, m)):
+        assert g.dtype == dtype and g.shape == ref.shape, what
+        assert torch.isfinite(g).all(), "%s %s: outputs left unwritten or overflowed" % (variant, what)
+        assert rel_err(g, ref) < TOL[dtype], "%s %s: relative error %g" % (variant, what, rel_err(g, ref))
+
+
+@DTYPES
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("variant", EMULATED)
+def test_same_bits_as_simt(variant, case, dtype):
+    """Sharper than the bound: the emulators add exact products one at a time in k order, and the SIMT body's
+    fmaf chain runs over the same k sequence (tile steps of 32 = two MMA steps of 16, offsets in order), so on
+    this build the bodies agree bit for bit. (On a GPU the matrix cores' internal order differs.)"""
+    simt, _ = run_fused(hip_cpu_library("simt"), case, dtype)
+    got, _ = run_fused(hip_cpu_library(variant), case, dtype)
+    for what, g, s in zip(("forward", "dinput", "dfilter"), got, simt):
+        diff = (g.view(torch.int16) != s.view(torch.int16)).sum().item()
+        assert diff == 0, "%s %s: %d of %d outputs differ from the SIMT body" % (variant, what, diff, g.numel())
+
+
+def test_variant_kernels_listed():
+    """Objects outside a variant's kernel list are shared with the plain build: every kernel whose code the
+    emulation switches must be listed."""
+    src = hip_cpu_build.REPO
+    uses = {os.path.relpath(p, src) for p in glob.glob(os.path.join(src, "csrc", "hip", "*.cu"))
+            if re.search(r"SPCONV_DEVICE_(WMMA|MFMA)|SPCONV_EMULATE_", open(p).read())}
+    assert uses, "no kernel uses the matrix cores: the check would be empty"
+    for name in EMULATED:
+        assert uses <= set(hip_cpu_build.VARIANTS[name].kernels), name

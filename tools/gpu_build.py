@@ -6,7 +6,8 @@ them through the plain C++ launchers of csrc/hip/launchers.h.
 
 Environment:
   CUDA_HOME                          CUDA toolkit (nvcc), default: torch's guess
-  TORCH_CUDA_ARCH_LIST               NVIDIA targets, e.g. "8.0;9.0" or "9.0+PTX"; default: visible GPUs, else 8.0;9.0
+  TORCH_CUDA_ARCH_LIST               NVIDIA targets, e.g. "8.0;9.0" or "8.0+PTX;9.0"; default: visible GPUs, else
+                                     8.0;9.0. PTX goes with the +PTX entries, else with the highest arch
   ROCM_PATH                          ROCm / DTK root (hipcc), default /opt/dtk
   SPCONV_HIP_ARCHS, PYTORCH_ROCM_ARCH AMD/Hygon targets, e.g. "gfx906;gfx926;gfx90a"; default gfx906;gfx90a
   SPCONV_GPU_JOBS                    parallel compiler processes (default: CPU count, at most 8)
@@ -68,6 +69,29 @@ def _cuda_archs():
     return out
 
 
+def _arch_key(num):
+    """'90a' -> (90, 'a'): the numeric order of compute capabilities ('100' after '90')."""
+    m = re.fullmatch(r"(\d+)(a?)", num)
+    return int(m.group(1)), m.group(2)
+
+
+def cuda_arch_flags(archs):
+    """nvcc -gencode flags for [(major_minor, ptx)]: a binary per arch, and PTX for the entries marked +PTX,
+    or, when none is, for the highest arch, so that newer GPUs (and any arch not in the list) JIT-compile
+    that PTX instead of failing with "no kernel image". Arch-specific targets ('90a') can't carry PTX
+    forward: the default PTX goes to the highest plain one."""
+    flags = []
+    for num, _ in archs:
+        flags += ["-gencode", "arch=compute_%s,code=sm_%s" % (num, num)]
+    ptx = [num for num, p in archs if p]
+    if not ptx:
+        plain = [num for num, _ in archs if not num.endswith("a")]
+        ptx = [max(plain, key=_arch_key)] if plain else []
+    for num in ptx:
+        flags += ["-gencode", "arch=compute_%s,code=compute_%s" % (num, num)]
+    return flags
+
+
 def configure(backend, root):
     import torch
     from torch.utils import cpp_extension
@@ -81,11 +105,7 @@ def configure(backend, root):
             raise RuntimeError("spconv: torch is a CUDA build but no CUDA toolkit was found; set CUDA_HOME")
         nvcc = os.path.join(cuda_home, "bin", "nvcc")
         archs = _cuda_archs()
-        flags = []
-        for num, ptx in archs:
-            flags += ["-gencode", "arch=compute_%s,code=sm_%s" % (num, num)]
-            if ptx:
-                flags += ["-gencode", "arch=compute_%s,code=compute_%s" % (num, num)]
+        flags = cuda_arch_flags(archs)
         cfg = GpuConfig("cuda", nvcc, ";".join("sm_%s" % a for a, _ in archs), flags, root)
         cfg.compile_flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-x", "cu",
                              "-lineinfo"]

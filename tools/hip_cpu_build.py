@@ -11,10 +11,16 @@ when the path it needs exists in the source tree.
 Cache: objects under build/hip_cpu/objects/, keyed by the source, every header of csrc/ and of the runtime,
 the flags, the compiler version and the torch version; the library under build/hip_cpu/<hash>/ keyed by its
 objects. An unchanged tree reuses the library, an edited .cu rebuilds that object, an edited header all.
+Only the defines a file can see enter its key: the op namespace only for files that include op_library.h,
+a variant's defines only for the kernels it lists. So the variants share every other object.
+
+Standalone test programs (the emulator tests): build_program() compiles a few sources against the runtime
+into an executable under build/hip_cpu/programs/, cached the same way.
 
 Usage:  python3 tools/hip_cpu_build.py [--variant NAME|all] [--source-root DIR] [--sanitize] [--jobs N]
         (prints namespace and library path per variant)
    or:  import hip_cpu_build; hip_cpu_build.build("simt").path
+        hip_cpu_build.build_program("name", ["test/hip_cpu/x.cu"], ["SPCONV_EMULATE_MFMA=1"])
 
 Environment:
   HIP_CPU_ROOT               the HIP CPU runtime (default: ../shared/third_party/hip-cpu from the repo root)
@@ -27,6 +33,7 @@ import argparse
 import glob
 import hashlib
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -43,13 +50,17 @@ class Variant(NamedTuple):
     namespace: str
     defines: List[str]
     requires: Optional[str]  # path (relative to the source root) that must exist for the variant to be built
+    kernels: List[str] = []  # the csrc/hip sources the defines change (the others are shared between variants)
 
 
-# Adding a variant is one line here. Namespaces must match what the tests load.
+# Adding a variant is one line here. Namespaces must match what the tests load. The emulated matrix cores
+# change only the fused bodies (SPCONV_DEVICE_WMMA / _MFMA); a test checks that no other kernel uses them.
+_EMU = os.path.join("csrc", "hip", "emu")
+_FUSED = ["csrc/hip/fused_conv.cu"]
 VARIANTS: Dict[str, Variant] = {
     "simt": Variant("spconv_hipcpu", [], None),
-    "wmma": Variant("spconv_hipcpu_wmma", ["SPCONV_EMULATE_WMMA=1"], os.path.join("csrc", "hip", "emu")),
-    "mfma": Variant("spconv_hipcpu_mfma", ["SPCONV_EMULATE_MFMA=1"], os.path.join("csrc", "hip", "emu")),
+    "wmma": Variant("spconv_hipcpu_wmma", ["SPCONV_EMULATE_WMMA=1"], _EMU, _FUSED),
+    "mfma": Variant("spconv_hipcpu_mfma", ["SPCONV_EMULATE_MFMA=1"], _EMU, _FUSED),
 }
 
 
@@ -133,14 +144,40 @@ def _sources(src: str) -> Dict[str, str]:
     return out
 
 
-def _flags(src: str, variant: Variant, sanitize: bool, torch_version: str, torch_inc: List[str]):
+def _includes(path: str, src: str, seen=None) -> set:
+    """path and the project headers it includes, transitively (quoted includes that resolve in the tree)."""
+    seen = set() if seen is None else seen
+    if path in seen:
+        return seen
+    seen.add(path)
+    with open(path, errors="replace") as f:
+        names = re.findall(r'^\s*#\s*include\s*"([^"]+)"', f.read(), re.M)
+    for name in names:
+        for d in (os.path.dirname(path), os.path.join(src, "csrc", "include"), os.path.join(src, "csrc")):
+            p = os.path.normpath(os.path.join(d, name))
+            if os.path.isfile(p):
+                _includes(p, src, seen)
+                break
+    return seen
+
+
+def _file_defines(path: str, kind: str, src: str, variant: Variant) -> List[str]:
+    """The variant's defines this file can see: the namespace where op_library.h is included, the variant's
+    own defines in the kernels it lists."""
+    out = []
+    if kind == "cxx" and any(os.path.basename(h) == "op_library.h" for h in _includes(path, src)):
+        out.append("-DSPCONV_OP_NAMESPACE=" + variant.namespace)
+    if os.path.relpath(path, src).replace(os.sep, "/") in variant.kernels:
+        out += ["-D" + d for d in variant.defines]
+    return out
+
+
+def _flags(src: str, sanitize: bool, torch_version: str, torch_inc: List[str]):
     opt = os.environ.get("SPCONV_HIP_CPU_OPT", "-O1")
     # -ffp-contract=off: g++ ignores the kernels' `#pragma clang fp contract`, and the CPU route rounds twice.
     # -march=native: otherwise fmaf is a library call. No NDEBUG: the runtime's own checks stay on.
     common = [opt, "-g0", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-march=native", "-pthread",
-              "-DSPCONV_HIP_CPU=1", "-DSPCONV_OP_NAMESPACE=" + variant.namespace,
-              "-I" + os.path.join(src, "csrc", "include"), "-I" + os.path.join(src, "csrc")]
-    common += ["-D" + d for d in variant.defines]
+              "-DSPCONV_HIP_CPU=1", "-I" + os.path.join(src, "csrc", "include"), "-I" + os.path.join(src, "csrc")]
     if sanitize:
         common += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
     cu = ["-x", "c++", "-std=c++17", "-Wno-unknown-pragmas", "-isystem", os.path.join(runtime_root(), "include")]
@@ -157,6 +194,35 @@ def _run(cmd: List[str], what: str):
                                                       r.stderr[-8000:]))
 
 
+def _cache_base(src: str, san: bool, torch_version: str, common: List[str]):
+    """(key part shared by every object, object cache folder)."""
+    headers = _tree_digest([os.path.join(src, "csrc")], (".h", ".hpp", ".cuh", ".inc"))
+    runtime = _tree_digest([runtime_root()], (".h", ".hpp", ".c", ".inc", ".S"))
+    # The tree's location is not part of the keys: a copy of the tree (the mutation check) reuses the objects
+    # of its unchanged files (they differ only in the __FILE__ strings of error messages).
+    base = _digest(_compiler_version(), torch_version, headers, runtime, " ".join(common).replace(src, "<src>"))
+    cache = os.path.join(BUILD_DIR, "asan" if san else "", "objects")
+    os.makedirs(cache, exist_ok=True)
+    return base, cache
+
+
+def _compile(jobs_list, src: str, jobs: Optional[int], log, what: str):
+    """Compiles the (source, object, command) items whose object is not cached yet."""
+    todo = [(p, o, c) for p, o, c in jobs_list if not os.path.isfile(o)]
+    n = jobs or int(os.environ.get("SPCONV_HIP_CPU_JOBS", "0")) or os.cpu_count() or 1
+    if log and todo:
+        log("hip_cpu_build: %s: compiling %d of %d objects with %d jobs" % (what, len(todo), len(jobs_list), n))
+
+    def compile_one(item):
+        path, obj, cmd = item
+        tmp = obj + ".tmp%d" % os.getpid()
+        _run(cmd[:-1] + [tmp], "compiling " + os.path.relpath(path, src))
+        os.replace(tmp, obj)  # atomic: a concurrent build never sees half an object
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        list(pool.map(compile_one, todo))
+
+
 def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Optional[bool] = None,
           jobs: Optional[int] = None, log=None) -> Built:
     """Builds (or reuses) the library of one variant from source_root (default: this repository)."""
@@ -169,21 +235,16 @@ def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Op
     v = VARIANTS[variant]
     san = sanitize_enabled(sanitize)
     torch_version, torch_inc, torch_lib = _torch_paths()
-    common, lang = _flags(src, v, san, torch_version, torch_inc)
-    headers = _tree_digest([os.path.join(src, "csrc")], (".h", ".hpp", ".cuh", ".inc"))
-    runtime = _tree_digest([runtime_root()], (".h", ".hpp", ".c", ".inc", ".S"))
-    # The tree's location is not part of the keys: a copy of the tree (the mutation check) reuses the objects
-    # of its unchanged files (they differ only in the __FILE__ strings of error messages).
-    base = _digest(_compiler_version(), torch_version, headers, runtime, " ".join(common).replace(src, "<src>"))
-    cache = os.path.join(BUILD_DIR, "asan" if san else "", "objects")
-    os.makedirs(cache, exist_ok=True)
+    common, lang = _flags(src, san, torch_version, torch_inc)
+    base, cache = _cache_base(src, san, torch_version, common)
 
     jobs_list = []
     for path, kind in _sources(src).items():
+        extra = _file_defines(path, kind, src, v)
         with open(path, "rb") as f:
-            key = _digest(base, kind, " ".join(lang[kind]), os.path.relpath(path, src), f.read())
+            key = _digest(base, kind, " ".join(lang[kind] + extra), os.path.relpath(path, src), f.read())
         obj = os.path.join(cache, "%s-%s.o" % (os.path.basename(path).replace(".", "_"), key))
-        cmd = [_cxx()] + lang[kind] + common + ["-c", path, "-o", obj]
+        cmd = [_cxx()] + lang[kind] + common + extra + ["-c", path, "-o", obj]
         jobs_list.append((path, obj, cmd))
     if not any(p.endswith(".cu") for p, _, _ in jobs_list):
         raise BuildError("no csrc/hip/*.cu under %s" % src)
@@ -198,24 +259,46 @@ def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Op
     if os.path.isfile(lib):
         return Built(variant, v.namespace, lib, True)
 
-    todo = [(p, o, c) for p, o, c in jobs_list if not os.path.isfile(o)]
-    n = jobs or int(os.environ.get("SPCONV_HIP_CPU_JOBS", "0")) or os.cpu_count() or 1
-    if log:
-        log("hip_cpu_build: %s: compiling %d of %d objects with %d jobs" % (variant, len(todo), len(jobs_list), n))
-
-    def compile_one(item):
-        path, obj, cmd = item
-        tmp = obj + ".tmp%d" % os.getpid()
-        _run(cmd[:-1] + [tmp], "compiling " + os.path.relpath(path, src))
-        os.replace(tmp, obj)  # atomic: a concurrent build never sees half an object
-
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        list(pool.map(compile_one, todo))
+    _compile(jobs_list, src, jobs, log, variant)
     os.makedirs(out_dir, exist_ok=True)
     tmp = tempfile.mktemp(dir=out_dir, suffix=".so")
     _run([_cxx()] + common[:1] + [o for _, o, _ in jobs_list] + ["-o", tmp] + link, "linking " + lib)
     os.replace(tmp, lib)
     return Built(variant, v.namespace, lib, False)
+
+
+def build_program(name: str, sources: List[str], defines: List[str] = (), source_root: Optional[str] = None,
+                  jobs: Optional[int] = None, log=None) -> str:
+    """Builds (or reuses) a standalone executable from sources (test programs, relative to this repository)
+    against the runtime and the csrc/ headers of the source root, with the kernels' flags plus defines;
+    csrc/hip is on the include path. Returns its path."""
+    why = missing_requirements()
+    if why:
+        raise BuildError(why)
+    src = os.path.abspath(source_root or REPO)
+    san = sanitize_enabled(None)
+    torch_version, torch_inc, _ = _torch_paths()
+    common, lang = _flags(src, san, torch_version, torch_inc)
+    common = common + ["-I" + os.path.join(src, "csrc", "hip")] + ["-D" + d for d in defines]
+    base, cache = _cache_base(src, san, torch_version, common)
+    jobs_list = []
+    for rel in sources:
+        path = os.path.join(REPO, rel)
+        with open(path, "rb") as f:
+            key = _digest(base, " ".join(lang["cu"]), rel, f.read())
+        obj = os.path.join(cache, "%s-%s.o" % (os.path.basename(path).replace(".", "_"), key))
+        jobs_list.append((path, obj, [_cxx()] + lang["cu"] + common + ["-c", path, "-o", obj]))
+    _compile(jobs_list, src, jobs, log, name)
+    link = ["-ltbb", "-lpthread"] + (["-fsanitize=address,undefined"] if san else [])
+    out_dir = os.path.join(BUILD_DIR, "asan" if san else "", "programs", _digest(*[o for _, o, _ in jobs_list]))
+    exe = os.path.join(out_dir, name)
+    if not os.path.isfile(exe):
+        os.makedirs(out_dir, exist_ok=True)
+        tmp = tempfile.mktemp(dir=out_dir)
+        _run([_cxx()] + common[:1] + ["-pthread"] + [o for _, o, _ in jobs_list] + ["-o", tmp] + link,
+             "linking " + name)
+        os.replace(tmp, exe)
+    return exe
 
 
 def load(variant: str = "simt", source_root: Optional[str] = None, **kw) -> Built:

@@ -30,13 +30,13 @@ class Mutation(NamedTuple):
     occurrence: int = 0
     requires: Optional[str] = None  # path that must exist (else the mutation is skipped)
     why: str = ""
+    variant: str = "simt"  # the build the tests run on (built first: a mutant that does not build is an error)
 
 
 _FWD_LOOP_BARRIER = """        Bs[kk][n] = (c < a.cin && col < a.cout) ? to_float(wk[c * a.cout + col]) : 0.f;
       }
       __syncthreads();"""
-_FWD_LOOP_END_BARRIER = """          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-      }
+_FWD_LOOP_END_BARRIER = """      simt_fma_tile(As, Bs, tx, ty, acc);
       __syncthreads();"""
 _SUBM_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
     int32_t v = -1;"""
@@ -60,7 +60,30 @@ MUTATIONS = [
              why="regular/transposed candidates: the first kernel offset is shifted one cell along the first axis"),
     Mutation("mfma_lane", "csrc/hip/fused_conv.cu", "lr = lane % 16, lq = lane / 16",
              "lr = (lane + 1) % 16, lq = lane / 16", ["test", "-m", "hip_cpu", "-k", "mfma"],
-             requires="csrc/hip/emu", why="MFMA body: each lane reads its neighbour's row / column"),
+             requires="csrc/hip/emu", variant="mfma", why="MFMA body: each lane reads its neighbour's row / column"),
+    Mutation("mfma_a_lane_roles_swapped", "csrc/hip/fused_conv.cu",
+             "av[i] = static_cast<short>(As[wave * 16 + lr][ks + 4 * lq + i]);",
+             "av[i] = static_cast<short>(As[wave * 16 + 4 * lq + i][ks + lr]);",
+             ["test/test_hip_cpu_variants.py", "test/test_hip_cpu_network.py", "-k", "mfma"],
+             requires="csrc/hip/emu", variant="mfma",
+             why="MFMA forward: the A operand load swaps the roles of lane % 16 and lane / 16 (a transposed sub-tile)"),
+    Mutation("map_fill_last_writer", "csrc/hip/fused_conv.cu",
+             "if (atomicCAS(nbr + int64_t(pair_out[p]) * kvol + lo, -1, pair_in[p]) != -1) atomicExch(repeated, 1);",
+             "nbr[int64_t(pair_out[p]) * kvol + lo] = pair_in[p];",
+             ["test/test_duplicate_coords.py", "-k", "hip_cpu_build_fused_map"],
+             why="fused table: a second pair of one (output, offset) silently replaces the first"),
+    Mutation("outputs_in_key_order", "csrc/ops/gpu/indice_gpu.cpp", "  if (num_out > 0) {\n    at::Tensor first_seen",
+             "  if (false) {\n    at::Tensor first_seen", ["test/test_gpu_map_order.py"],
+             why="regular conv outputs keep the hash's sorted-key numbering instead of the CPU's first-seen order"),
+    Mutation("native_16bit_offset_results", "csrc/ops/gpu/conv_gpu.cpp",
+             "at::empty({max_count, c_dst}, src.options().dtype(acc.scalar_type()))",
+             "at::empty({max_count, c_dst}, src.options())", ["test/test_gpu_native_accumulation.py"],
+             why="native route: each offset's FP16/BF16 GEMM result is rounded to 16 bits before the FP32 scatter"),
+    Mutation("fused_order_unchecked", "csrc/ops/gpu/fused_gpu.cpp", "  check_fused_tables(nbr, order, x.size(0));\n",
+             "", ["test/test_fused_table_checks.py"], why="fused_conv reads nbr / order without checking them"),
+    Mutation("hash_insert_unbounded", "csrc/hip/kernel_map.cu", "for (int64_t probe = 0; probe < cap; ++probe) {",
+             "for (int64_t probe = 0;; ++probe) {", ["test/test_gpu_hash_bounds.py", "-k", "full_hash_table"],
+             why="kernel-map hash insert probes forever once the table is full"),
 ]
 
 
@@ -87,7 +110,7 @@ def run_one(m: Mutation, jobs: Optional[int]) -> str:
         apply(m, tmp)
         t0 = time.time()
         try:
-            hip_cpu_build.build("simt", tmp, jobs=jobs)
+            hip_cpu_build.build(m.variant, tmp, jobs=jobs)
         except hip_cpu_build.BuildError as e:
             return "ERROR (mutant does not build: %s)" % str(e).splitlines()[0]
         env = dict(os.environ, SPCONV_HIP_CPU_SOURCE_ROOT=tmp, SPCONV_REQUIRE_HIP_CPU="1")

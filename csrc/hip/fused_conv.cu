@@ -77,20 +77,37 @@ __device__ __forceinline__ bool offset_active(const FwdArgs& a, unsigned int mas
   return (mask >> ((k - a.k0) / a.gs)) & 1u;
 }
 
+// One output element: y[row, col] = v, or += v when a later split accumulates.
+template <typename T>
+__device__ __forceinline__ void store_output(const FwdArgs& a, int32_t row, int64_t col, float v) {
+  T* dst = static_cast<T*>(a.y) + int64_t(row) * a.cout + col;
+  if (a.accumulate) v += to_float(*dst);
+  *dst = from_float<T>(v);
+}
+
 // Writes a 64x64 fp32 tile held in shared memory (row stride ld) to y, coalesced along channels.
 template <typename T>
 __device__ __forceinline__ void store_tile(const FwdArgs& a, const TileState& st, const float* c, int ld) {
-  T* y = static_cast<T*>(a.y);
   const int64_t n0 = int64_t(blockIdx.y) * BN;
   for (int e = threadIdx.x; e < BM * BN; e += kThreads) {
     const int r = e / BN, n = e % BN;
     const int32_t row = st.rows[r];
     const int64_t col = n0 + n;
-    if (row < 0 || col >= a.cout) continue;
-    float v = c[r * ld + n];
-    T* dst = y + int64_t(row) * a.cout + col;
-    if (a.accumulate) v += to_float(*dst);
-    *dst = from_float<T>(v);
+    if (row >= 0 && col < a.cout) store_output<T>(a, row, col, c[r * ld + n]);
+  }
+}
+
+// ---- SIMT step shared by forward and dfilter: 4x4 outputs per thread (tx, ty), K = 32 in order ----
+template <int LDA, int LDB>
+__device__ __forceinline__ void simt_fma_tile(const float (*As)[LDA], const float (*Bs)[LDB], int tx, int ty,
+                                              float (&acc)[4][4]) {
+#pragma unroll 8
+  for (int kk = 0; kk < BK; ++kk) {
+    float av[4], bv[4];
+    for (int i = 0; i < 4; ++i) av[i] = As[kk][ty * 4 + i];
+    for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx * 4 + j];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
   }
 }
 
@@ -105,10 +122,7 @@ __device__ void forward_simt(const FwdArgs& a) {
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t n0 = int64_t(blockIdx.y) * BN;
   const unsigned int mask = tile_prologue(a, st);
-  float acc[4][4];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
-
+  float acc[4][4] = {};
   for (int k = a.k0; k < a.k1; ++k) {
     if (!offset_active(a, mask, k)) continue;
     load_sources(a, st, k);
@@ -126,34 +140,29 @@ __device__ void forward_simt(const FwdArgs& a) {
         Bs[kk][n] = (c < a.cin && col < a.cout) ? to_float(wk[c * a.cout + col]) : 0.f;
       }
       __syncthreads();
-#pragma unroll 8
-      for (int kk = 0; kk < BK; ++kk) {
-        float av[4], bv[4];
-        for (int i = 0; i < 4; ++i) av[i] = As[kk][ty * 4 + i];
-        for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx * 4 + j];
-        for (int i = 0; i < 4; ++i)
-          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-      }
+      simt_fma_tile(As, Bs, tx, ty, acc);
       __syncthreads();
     }
   }
   // Epilogue straight from registers.
-  T* y = static_cast<T*>(a.y);
   for (int i = 0; i < 4; ++i) {
     const int32_t row = st.rows[ty * 4 + i];
     if (row < 0) continue;
     for (int j = 0; j < 4; ++j) {
       const int64_t col = n0 + tx * 4 + j;
-      if (col >= a.cout) continue;
-      T* dst = y + int64_t(row) * a.cout + col;
-      float v = acc[i][j];
-      if (a.accumulate) v += to_float(*dst);
-      *dst = from_float<T>(v);
+      if (col < a.cout) store_output<T>(a, row, col, acc[i][j]);
     }
   }
 }
 
 #if defined(SPCONV_DEVICE_WMMA) || defined(SPCONV_DEVICE_MFMA)
+// Eight 16-bit elements (one 16-byte vector) from src to shared memory, or zeros where src is null.
+__device__ __forceinline__ void copy8_or_zero(uint16_t* dst, const uint16_t* src) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (src) v = *reinterpret_cast<const uint4*>(src);
+  *reinterpret_cast<uint4*>(dst) = v;
+}
+
 // Loads the gathered A tile [BM][BK] and the filter tile [BK][BN] of 16-bit elements (raw bits) into
 // shared memory, zero-filling rows without a source and channels past the end.
 template <int LDA, int LDB>
@@ -168,15 +177,11 @@ __device__ __forceinline__ void load_tiles_16bit(const FwdArgs& a, const TileSta
     {
       const int r = tid / (BK / 8), kk = (tid % (BK / 8)) * 8;
       const int32_t s = st.src[r];
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (s >= 0 && c0 + kk < a.cin) v = *reinterpret_cast<const uint4*>(x + int64_t(s) * a.cin + c0 + kk);
-      *reinterpret_cast<uint4*>(&As[r][kk]) = v;
+      copy8_or_zero(&As[r][kk], s >= 0 && c0 + kk < a.cin ? x + int64_t(s) * a.cin + c0 + kk : nullptr);
     }
     {
       const int kk = tid / (BN / 8), n = (tid % (BN / 8)) * 8;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (c0 + kk < a.cin && n0 + n < a.cout) v = *reinterpret_cast<const uint4*>(wk + (c0 + kk) * a.cout + n0 + n);
-      *reinterpret_cast<uint4*>(&Bs[kk][n]) = v;
+      copy8_or_zero(&Bs[kk][n], c0 + kk < a.cin && n0 + n < a.cout ? wk + (c0 + kk) * a.cout + n0 + n : nullptr);
     }
   } else {
     for (int e = tid; e < BM * BK; e += kThreads) {
@@ -197,9 +202,33 @@ __device__ __forceinline__ void load_tiles_16bit(const FwdArgs& a, const TileSta
 #if defined(SPCONV_DEVICE_WMMA)
 // ---- WMMA body (NVIDIA sm_80+): 8 warps, each a 16x32 slice of the tile, fp32 accumulation ----
 template <typename T>
+using wmma_type = typename std::conditional<std::is_same<T, __half>::value, __half, __nv_bfloat16>::type;
+using wmma_acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+// acc[f] += fa * Bs[ks.., n0 + 16 f ..] for the warp's two 16-column fragments (B row-major, stride LDB).
+template <typename MT, typename FA, int LDB>
+__device__ __forceinline__ void wmma_step(const FA& fa, const uint16_t (*Bs)[LDB], int ks, int n0, wmma_acc (&acc)[2]) {
+  using namespace nvcuda;
+#pragma unroll
+  for (int f = 0; f < 2; ++f) {
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, MT, wmma::row_major> fb;
+    wmma::load_matrix_sync(fb, reinterpret_cast<const MT*>(&Bs[ks][n0 + f * 16]), LDB);
+    wmma::mma_sync(acc[f], fa, fb, acc[f]);
+  }
+}
+
+// The warp's 16x32 slice (rows m0.., columns n0..) into the shared fp32 tile Cs, then a block barrier.
+template <int LDC>
+__device__ __forceinline__ void wmma_store(wmma_acc (&acc)[2], float (*Cs)[LDC], int m0, int n0) {
+  for (int f = 0; f < 2; ++f)
+    nvcuda::wmma::store_matrix_sync(&Cs[m0][n0 + f * 16], acc[f], LDC, nvcuda::wmma::mem_row_major);
+  __syncthreads();
+}
+
+template <typename T>
 __device__ void forward_wmma(const FwdArgs& a) {
   using namespace nvcuda;
-  typedef typename std::conditional<std::is_same<T, __half>::value, __half, __nv_bfloat16>::type MT;
+  using MT = wmma_type<T>;
   constexpr int LDA = BK + 8, LDB = BN + 8, LDC = BN + 4;
   __shared__ TileState st;
   __shared__ __align__(32) uint16_t As[BM][LDA];
@@ -207,7 +236,7 @@ __device__ void forward_wmma(const FwdArgs& a) {
   __shared__ __align__(32) float Cs[BM][LDC];
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
   const unsigned int mask = tile_prologue(a, st);
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+  wmma_acc acc[2];
   wmma::fill_fragment(acc[0], 0.f);
   wmma::fill_fragment(acc[1], 0.f);
   for (int k = a.k0; k < a.k1; ++k) {
@@ -220,19 +249,12 @@ __device__ void forward_wmma(const FwdArgs& a) {
       for (int ks = 0; ks < BK; ks += 16) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, MT, wmma::row_major> fa;
         wmma::load_matrix_sync(fa, reinterpret_cast<const MT*>(&As[wm * 16][ks]), LDA);
-#pragma unroll
-        for (int f = 0; f < 2; ++f) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, MT, wmma::row_major> fb;
-          wmma::load_matrix_sync(fb, reinterpret_cast<const MT*>(&Bs[ks][wn * 32 + f * 16]), LDB);
-          wmma::mma_sync(acc[f], fa, fb, acc[f]);
-        }
+        wmma_step<MT>(fa, Bs, ks, wn * 32, acc);
       }
       __syncthreads();
     }
   }
-  for (int f = 0; f < 2; ++f)
-    wmma::store_matrix_sync(&Cs[wm * 16][wn * 32 + f * 16], acc[f], LDC, wmma::mem_row_major);
-  __syncthreads();
+  wmma_store(acc, Cs, wm * 16, wn * 32);
   store_tile<T>(a, st, &Cs[0][0], LDC);
 }
 #endif
@@ -241,9 +263,36 @@ __device__ void forward_wmma(const FwdArgs& a) {
 // ---- MFMA body (gfx90a / gfx94x, wave64): 4 waves, each a 16x64 slice of the tile ----
 // v_mfma_f32_16x16x16{f16,bf16_1k} operand layout, lane l: A[l%16][4*(l/16)+i], B[4*(l/16)+i][l%16],
 // D[4*(l/16)+i][l%16] for i < 4.
-typedef _Float16 mfma_half4 __attribute__((ext_vector_type(4)));
-typedef short mfma_short4 __attribute__((ext_vector_type(4)));
-typedef float mfma_float4 __attribute__((ext_vector_type(4)));
+typedef SPCONV_VECTOR(_Float16, 4) mfma_half4;
+typedef SPCONV_VECTOR(short, 4) mfma_short4;
+typedef SPCONV_VECTOR(float, 4) mfma_float4;
+
+// acc[f] += A * B[ks.., 16 f ..] for the wave's four 16-column fragments; av holds the lane's A operand.
+template <typename T, int LDB>
+__device__ __forceinline__ void mfma_step(mfma_short4 av, const uint16_t (*Bs)[LDB], int ks, int lr, int lq,
+                                          mfma_float4 (&acc)[4]) {
+#pragma unroll
+  for (int f = 0; f < 4; ++f) {
+    mfma_short4 bv;
+    for (int i = 0; i < 4; ++i) bv[i] = static_cast<short>(Bs[ks + 4 * lq + i][f * 16 + lr]);
+    if constexpr (std::is_same<T, __half>::value) {
+      mfma_half4 ah, bh;
+      __builtin_memcpy(&ah, &av, sizeof(ah));
+      __builtin_memcpy(&bh, &bv, sizeof(bh));
+      acc[f] = __builtin_amdgcn_mfma_f32_16x16x16f16(ah, bh, acc[f], 0, 0, 0);
+    } else {
+      acc[f] = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, acc[f], 0, 0, 0);
+    }
+  }
+}
+
+// The wave's 16x64 slice (D layout) into the shared fp32 tile Cs, then a block barrier.
+template <int LDC>
+__device__ __forceinline__ void mfma_store(const mfma_float4 (&acc)[4], float (*Cs)[LDC], int wave, int lr, int lq) {
+  for (int f = 0; f < 4; ++f)
+    for (int i = 0; i < 4; ++i) Cs[wave * 16 + 4 * lq + i][f * 16 + lr] = acc[f][i];
+  __syncthreads();
+}
 
 template <typename T>
 __device__ void forward_mfma(const FwdArgs& a) {
@@ -266,49 +315,34 @@ __device__ void forward_mfma(const FwdArgs& a) {
       for (int ks = 0; ks < BK; ks += 16) {
         mfma_short4 av;
         for (int i = 0; i < 4; ++i) av[i] = static_cast<short>(As[wave * 16 + lr][ks + 4 * lq + i]);
-#pragma unroll
-        for (int f = 0; f < 4; ++f) {
-          mfma_short4 bv;
-          for (int i = 0; i < 4; ++i) bv[i] = static_cast<short>(Bs[ks + 4 * lq + i][f * 16 + lr]);
-          if constexpr (std::is_same<T, __half>::value) {
-            mfma_half4 ah, bh;
-            __builtin_memcpy(&ah, &av, sizeof(ah));
-            __builtin_memcpy(&bh, &bv, sizeof(bh));
-            acc[f] = __builtin_amdgcn_mfma_f32_16x16x16f16(ah, bh, acc[f], 0, 0, 0);
-          } else {
-            acc[f] = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, acc[f], 0, 0, 0);
-          }
-        }
+        mfma_step<T>(av, Bs, ks, lr, lq, acc);
       }
       __syncthreads();
     }
   }
-  for (int f = 0; f < 4; ++f)
-    for (int i = 0; i < 4; ++i) Cs[wave * 16 + 4 * lq + i][f * 16 + lr] = acc[f][i];
-  __syncthreads();
+  mfma_store(acc, Cs, wave, lr, lq);
   store_tile<T>(a, st, &Cs[0][0], LDC);
 }
 #endif
 
+// The matrix-core body of this compile target (16-bit types only); the SIMT body everywhere else. An `else`
+// branch, not an early return: the other body (and its shared memory) is then never instantiated.
+#if defined(SPCONV_DEVICE_WMMA)
+#define SPCONV_MMA_BODY(name) name##_wmma
+#elif defined(SPCONV_DEVICE_MFMA)
+#define SPCONV_MMA_BODY(name) name##_mfma
+#endif
+#if defined(SPCONV_MMA_BODY)
+#define SPCONV_RUN_BODY(name, T, a)                                          \
+  if constexpr (!std::is_same<T, float>::value) SPCONV_MMA_BODY(name)<T>(a); \
+  else name##_simt<T>(a)
+#else
+#define SPCONV_RUN_BODY(name, T, a) name##_simt<T>(a)
+#endif
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fused_forward_kernel(FwdArgs a) {
-  constexpr bool k16 = !std::is_same<T, float>::value;
-#if defined(SPCONV_DEVICE_WMMA)
-  if constexpr (k16) {
-    forward_wmma<T>(a);
-  } else {
-    forward_simt<T>(a);
-  }
-#elif defined(SPCONV_DEVICE_MFMA)
-  if constexpr (k16) {
-    forward_mfma<T>(a);
-  } else {
-    forward_simt<T>(a);
-  }
-#else
-  (void)k16;
-  forward_simt<T>(a);
-#endif
+  SPCONV_RUN_BODY(forward, T, a);
 }
 
 // ---- dfilter: 64 (cin) x 64 (cout) tile of dW[k] per block, one split-K chunk of the pairs ----
@@ -380,9 +414,7 @@ __device__ void dfilter_simt(const DfArgs& a) {
   const T* dy = static_cast<const T*>(a.dy);
   const DfTile t = df_tile(a);
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  float acc[4][4];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+  float acc[4][4] = {};
   for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP) {
     df_load_pairs(a, st, p0, t.pe);
     for (int e = tid; e < BP * BM; e += kThreads) {
@@ -396,14 +428,7 @@ __device__ void dfilter_simt(const DfArgs& a) {
       Bs[p][c] = (r >= 0 && t.co0 + c < a.cout) ? to_float(dy[int64_t(r) * a.cout + t.co0 + c]) : 0.f;
     }
     __syncthreads();
-#pragma unroll 8
-    for (int p = 0; p < BP; ++p) {
-      float av[4], bv[4];
-      for (int i = 0; i < 4; ++i) av[i] = As[p][ty * 4 + i];
-      for (int j = 0; j < 4; ++j) bv[j] = Bs[p][tx * 4 + j];
-      for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-    }
+    simt_fma_tile(As, Bs, tx, ty, acc);
   }
   float* out = a.ws + (int64_t(t.k) * a.splits + t.s) * a.cin * a.cout;
   for (int i = 0; i < 4; ++i) {
@@ -426,12 +451,9 @@ __device__ __forceinline__ void df_load_16bit(const DfArgs& a, const DfState& st
   const int tid = threadIdx.x;
   if (a.vec) {  // BP * 64 / 8 == kThreads vectors per tile
     const int p = tid / 8, c = (tid % 8) * 8;
-    uint4 va = make_uint4(0u, 0u, 0u, 0u), vb = make_uint4(0u, 0u, 0u, 0u);
     const int32_t ri = st.in[p], ro = st.out[p];
-    if (ri >= 0 && t.ci0 + c < a.cin) va = *reinterpret_cast<const uint4*>(x + int64_t(ri) * a.cin + t.ci0 + c);
-    if (ro >= 0 && t.co0 + c < a.cout) vb = *reinterpret_cast<const uint4*>(dy + int64_t(ro) * a.cout + t.co0 + c);
-    *reinterpret_cast<uint4*>(&As[p][c]) = va;
-    *reinterpret_cast<uint4*>(&Bs[p][c]) = vb;
+    copy8_or_zero(&As[p][c], ri >= 0 && t.ci0 + c < a.cin ? x + int64_t(ri) * a.cin + t.ci0 + c : nullptr);
+    copy8_or_zero(&Bs[p][c], ro >= 0 && t.co0 + c < a.cout ? dy + int64_t(ro) * a.cout + t.co0 + c : nullptr);
   } else {
     for (int e = tid; e < BP * 64; e += kThreads) {
       const int p = e / 64, c = e % 64;
@@ -448,7 +470,7 @@ __device__ __forceinline__ void df_load_16bit(const DfArgs& a, const DfState& st
 template <typename T>
 __device__ void dfilter_wmma(const DfArgs& a) {
   using namespace nvcuda;
-  typedef typename std::conditional<std::is_same<T, __half>::value, __half, __nv_bfloat16>::type MT;
+  using MT = wmma_type<T>;
   constexpr int LD = 64 + 8, LDC = BN + 4;
   __shared__ DfState st;
   __shared__ __align__(32) uint16_t As[BP][LD];
@@ -456,7 +478,7 @@ __device__ void dfilter_wmma(const DfArgs& a) {
   __shared__ __align__(32) float Cs[BM][LDC];
   const DfTile t = df_tile(a);
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+  wmma_acc acc[2];
   wmma::fill_fragment(acc[0], 0.f);
   wmma::fill_fragment(acc[1], 0.f);
   for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP) {
@@ -467,17 +489,10 @@ __device__ void dfilter_wmma(const DfArgs& a) {
     for (int ks = 0; ks < BP; ks += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, MT, wmma::col_major> fa;
       wmma::load_matrix_sync(fa, reinterpret_cast<const MT*>(&As[ks][wm * 16]), LD);
-#pragma unroll
-      for (int f = 0; f < 2; ++f) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, MT, wmma::row_major> fb;
-        wmma::load_matrix_sync(fb, reinterpret_cast<const MT*>(&Bs[ks][wn * 32 + f * 16]), LD);
-        wmma::mma_sync(acc[f], fa, fb, acc[f]);
-      }
+      wmma_step<MT>(fa, Bs, ks, wn * 32, acc);
     }
   }
-  for (int f = 0; f < 2; ++f)
-    wmma::store_matrix_sync(&Cs[wm * 16][wn * 32 + f * 16], acc[f], LDC, wmma::mem_row_major);
-  __syncthreads();
+  wmma_store(acc, Cs, wm * 16, wn * 32);
   df_store(a, t, &Cs[0][0], LDC);
 }
 #endif
@@ -502,47 +517,17 @@ __device__ void dfilter_mfma(const DfArgs& a) {
     for (int ks = 0; ks < BP; ks += 16) {
       mfma_short4 av;  // A[ci][p] = As[p][ci]
       for (int i = 0; i < 4; ++i) av[i] = static_cast<short>(As[ks + 4 * lq + i][wave * 16 + lr]);
-#pragma unroll
-      for (int f = 0; f < 4; ++f) {
-        mfma_short4 bv;
-        for (int i = 0; i < 4; ++i) bv[i] = static_cast<short>(Bs[ks + 4 * lq + i][f * 16 + lr]);
-        if constexpr (std::is_same<T, __half>::value) {
-          mfma_half4 ah, bh;
-          __builtin_memcpy(&ah, &av, sizeof(ah));
-          __builtin_memcpy(&bh, &bv, sizeof(bh));
-          acc[f] = __builtin_amdgcn_mfma_f32_16x16x16f16(ah, bh, acc[f], 0, 0, 0);
-        } else {
-          acc[f] = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, acc[f], 0, 0, 0);
-        }
-      }
+      mfma_step<T>(av, Bs, ks, lr, lq, acc);
     }
   }
-  for (int f = 0; f < 4; ++f)
-    for (int i = 0; i < 4; ++i) Cs[wave * 16 + 4 * lq + i][f * 16 + lr] = acc[f][i];
-  __syncthreads();
+  mfma_store(acc, Cs, wave, lr, lq);
   df_store(a, t, &Cs[0][0], LDC);
 }
 #endif
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) dfilter_kernel(DfArgs a) {
-  constexpr bool k16 = !std::is_same<T, float>::value;
-#if defined(SPCONV_DEVICE_WMMA)
-  if constexpr (k16) {
-    dfilter_wmma<T>(a);
-  } else {
-    dfilter_simt<T>(a);
-  }
-#elif defined(SPCONV_DEVICE_MFMA)
-  if constexpr (k16) {
-    dfilter_mfma<T>(a);
-  } else {
-    dfilter_simt<T>(a);
-  }
-#else
-  (void)k16;
-  dfilter_simt<T>(a);
-#endif
+  SPCONV_RUN_BODY(dfilter, T, a);
 }
 
 template <typename T>
@@ -558,8 +543,10 @@ __global__ void dfilter_reduce_kernel(const float* __restrict__ ws, int64_t kvol
   }
 }
 
+// A second pair for one (output, offset) would overwrite the first: claim the entry instead and flag the
+// repeat (whether a repeat exists does not depend on the order of the claims).
 __global__ void map_fill_kernel(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets,
-                                int64_t kvol, int64_t npairs, int32_t* nbr) {
+                                int64_t kvol, int64_t npairs, int32_t* nbr, int32_t* repeated) {
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < npairs; p += int64_t(gridDim.x) * blockDim.x) {
     // k = the last offset with pair_offsets[k] <= p
     int64_t lo = 0, hi = kvol;  // invariant: pair_offsets[lo] <= p < pair_offsets[hi]
@@ -570,7 +557,7 @@ __global__ void map_fill_kernel(const int32_t* pair_in, const int32_t* pair_out,
       else
         hi = mid;
     }
-    nbr[int64_t(pair_out[p]) * kvol + lo] = pair_in[p];
+    if (atomicCAS(nbr + int64_t(pair_out[p]) * kvol + lo, -1, pair_in[p]) != -1) atomicExch(repeated, 1);
   }
 }
 
@@ -588,6 +575,28 @@ __global__ void map_masks_kernel(const int32_t* nbr, int64_t num_rows, int64_t k
       masks[s * num_rows + r] = static_cast<int32_t>(m);
     }
   }
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// f(TypeTag<element type of t>{}): the one dtype switch of the fused launchers.
+template <typename F>
+int with_element_type(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: return f(TypeTag<float>{});
+    case DType::F16: return f(TypeTag<__half>{});
+    case DType::BF16: return f(TypeTag<bf16_t>{});
+    default: return static_cast<int>(hipErrorInvalidValue);
+  }
+}
+
+// The 16-byte tile loads of the 16-bit bodies: eight channels per vector, both operands 16-byte aligned.
+inline int vector_loads_ok(bool k16, int64_t cin, int64_t cout, const void* p, const void* q) {
+  return k16 && cin % 8 == 0 && cout % 8 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(q) % 16 == 0;
 }
 
 template <typename T>
@@ -627,8 +636,7 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
   a.cout = cout;
   a.splits = splits;
   a.tiles_co = static_cast<int>(tiles_co);
-  a.vec = !std::is_same<T, float>::value && cin % 8 == 0 && cout % 8 == 0 &&
-          reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0;
+  a.vec = vector_loads_ok(!std::is_same<T, float>::value, cin, cout, x, dy);
   a.ws = ws;
   dim3 grid(static_cast<unsigned int>(tiles_ci * tiles_co), static_cast<unsigned int>(splits),
             static_cast<unsigned int>(kvol));
@@ -643,11 +651,11 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
 }  // namespace
 
 int fused_map_fill(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets, int64_t kvol,
-                   int64_t npairs, int64_t num_rows, int32_t* nbr, void* stream) {
+                   int64_t npairs, int64_t num_rows, int32_t* nbr, int32_t* repeated, void* stream) {
   (void)num_rows;
   if (npairs <= 0 || kvol <= 0) return 0;
   launch_kernel(map_fill_kernel, grid_1d(npairs, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), pair_in,
-      pair_out, pair_offsets, kvol, npairs, nbr);
+      pair_out, pair_offsets, kvol, npairs, nbr, repeated);
   return last_launch_error();
 }
 
@@ -675,15 +683,9 @@ int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr
   a.cin = cin;
   a.cout = cout;
   a.y = y;
-  a.vec = (t != DType::F32) && cin % 8 == 0 && cout % 8 == 0 && (reinterpret_cast<uintptr_t>(x) % 16 == 0) &&
-          (reinterpret_cast<uintptr_t>(w) % 16 == 0);
+  a.vec = vector_loads_ok(t != DType::F32, cin, cout, x, w);
   hipStream_t s = static_cast<hipStream_t>(stream);
-  switch (t) {
-    case DType::F32: return launch_forward<float>(a, num_splits, s);
-    case DType::F16: return launch_forward<__half>(a, num_splits, s);
-    case DType::BF16: return launch_forward<bf16_t>(a, num_splits, s);
-    default: return static_cast<int>(hipErrorInvalidValue);
-  }
+  return with_element_type(t, [&](auto tag) { return launch_forward<typename decltype(tag)::type>(a, num_splits, s); });
 }
 
 int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
@@ -692,34 +694,35 @@ int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pa
   if (kvol <= 0 || cin <= 0 || cout <= 0) return 0;
   if (splits < 1) return static_cast<int>(hipErrorInvalidValue);
   hipStream_t s = static_cast<hipStream_t>(stream);
-  switch (t) {
-    case DType::F32: return launch_dfilter<float>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout, splits,
-                                                  workspace, dw, s);
-    case DType::F16: return launch_dfilter<__half>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout, splits,
-                                                   workspace, dw, s);
-    case DType::BF16: return launch_dfilter<bf16_t>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout, splits,
-                                                    workspace, dw, s);
-    default: return static_cast<int>(hipErrorInvalidValue);
-  }
+  return with_element_type(t, [&](auto tag) {
+    return launch_dfilter<typename decltype(tag)::type>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout,
+                                                        splits, workspace, dw, s);
+  });
 }
 
-const char* fused_forward_path(DType t) {
-  if (t == DType::F32) return "simt";
-#if defined(SPCONV_HIP_CPU)
-  return "simt";  // no matrix cores on the host
+namespace {
+// Which 16-bit body this device runs: the kernel is compiled by the same target rules as the forward kernel,
+// so the code the runtime picks for the device (its own binary, or PTX compiled for it) answers. Under the HIP
+// CPU runtime that is the body compiled in: an emulated WMMA/MFMA variant answers wmma/mfma, the plain one simt.
+__global__ void forward_body_kernel(int32_t* out) {
+#if defined(SPCONV_DEVICE_WMMA)
+  out[0] = 1;
+#elif defined(SPCONV_DEVICE_MFMA)
+  out[0] = 2;
 #else
-  int dev = 0;
-  if (hipGetDevice(&dev) != hipSuccess) return "simt";
-  hipDeviceProp_t prop;
-  if (hipGetDeviceProperties(&prop, dev) != hipSuccess) return "simt";
-#if defined(SPCONV_HIP)
-  const char* arch = prop.gcnArchName;
-  if (std::strncmp(arch, "gfx90a", 6) == 0 || std::strncmp(arch, "gfx94", 5) == 0) return "mfma";
-  return "simt";
-#else
-  return prop.major >= 8 ? "wmma" : "simt";
+  out[0] = 0;
 #endif
-#endif
+}
+}  // namespace
+
+int fused_forward_body(int32_t* out, void* stream) {
+  launch_kernel(forward_body_kernel, dim3(1), dim3(1), 0, static_cast<hipStream_t>(stream), out);
+  return last_launch_error();
+}
+
+const char* fused_body_name(DType t, int32_t body) {
+  if (t == DType::F32) return "simt";  // FP32 always takes the SIMT body
+  return body == 1 ? "wmma" : body == 2 ? "mfma" : "simt";
 }
 
 }  // namespace gpu

@@ -44,10 +44,17 @@
 #if defined(SPCONV_HIP_CPU)
 #define SPCONV_WARP_SIZE 64  // the HIP CPU runtime's warpSize
 #elif defined(SPCONV_HIP)
-#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#if defined(__AMDGCN_WAVEFRONT_SIZE__)
+#define SPCONV_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE__
+#elif defined(__AMDGCN_WAVEFRONT_SIZE)
 #define SPCONV_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#elif defined(__HIP_DEVICE_COMPILE__)
+// A guess would be wrong on half the targets (gfx9 is wave64, gfx10+ wave32 by default).
+#error "hip_compat.h: the device compiler defines no wavefront size (__AMDGCN_WAVEFRONT_SIZE[__])"
 #else
-#define SPCONV_WARP_SIZE 64  // host pass: only used to size shared scratch generously
+// Host pass: used only so that device function bodies (parsed here, compiled in the device pass) type-check;
+// nothing the host runs may depend on it (query hipDeviceProp_t::warpSize at run time for that).
+#define SPCONV_WARP_SIZE 64
 #endif
 #else
 #define SPCONV_WARP_SIZE 32
@@ -59,6 +66,23 @@
 #endif
 #if defined(SPCONV_HIP) && (defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__))
 #define SPCONV_DEVICE_MFMA 1  // MFMA with fp16 and bf16_1k inputs (CDNA2/CDNA3)
+#endif
+
+// ---- emulated matrix cores (HIP-CPU build only): the WMMA or MFMA bodies then run on the CPU in tests ----
+#if defined(SPCONV_HIP_CPU) && defined(SPCONV_EMULATE_WMMA) && defined(SPCONV_EMULATE_MFMA)
+#error "emulate one of WMMA and MFMA per build"
+#elif defined(SPCONV_HIP_CPU) && defined(SPCONV_EMULATE_WMMA)
+#include "emu/wmma_emu.h"
+#define SPCONV_DEVICE_WMMA 1
+#elif defined(SPCONV_HIP_CPU) && defined(SPCONV_EMULATE_MFMA)
+#include "emu/mfma_emu.h"
+#define SPCONV_DEVICE_MFMA 1
+#endif
+// T vector of n elements as the MFMA builtins take it: clang's ext_vector_type, or vector_size elsewhere.
+#if defined(__clang__)
+#define SPCONV_VECTOR(T, n) T __attribute__((ext_vector_type(n)))
+#else
+#define SPCONV_VECTOR(T, n) T __attribute__((vector_size((n) * sizeof(T))))
 #endif
 
 namespace spconv {

@@ -20,10 +20,12 @@ __device__ __forceinline__ int64_t slot_of(int64_t key, int64_t cap) {
   return static_cast<int64_t>(hash_key(key) & static_cast<uint64_t>(cap - 1));
 }
 
-// Returns the slot holding key (inserting it when absent) and whether this call inserted it.
+// Returns the slot holding key (inserting it when absent) and whether this call inserted it; -1 when the
+// table is full (at most cap probes: the callers size tables at >= 2x their keys, so it only guards a bug).
 __device__ __forceinline__ int64_t hash_insert(int64_t* hkeys, int64_t cap, int64_t key, bool* inserted) {
   int64_t slot = slot_of(key, cap);
-  while (true) {
+  *inserted = false;
+  for (int64_t probe = 0; probe < cap; ++probe) {
     ull prev = atomicCAS(reinterpret_cast<ull*>(hkeys + slot), static_cast<ull>(-1LL), static_cast<ull>(key));
     if (prev == static_cast<ull>(-1LL)) {
       *inserted = true;
@@ -35,16 +37,19 @@ __device__ __forceinline__ int64_t hash_insert(int64_t* hkeys, int64_t cap, int6
     }
     slot = (slot + 1) & (cap - 1);
   }
+  return -1;
 }
 
+// The slot of key, or -1 when absent (after at most cap probes: a full table holds no empty slot to stop at).
 __device__ __forceinline__ int64_t hash_find(const int64_t* hkeys, int64_t cap, int64_t key) {
   int64_t slot = slot_of(key, cap);
-  while (true) {
+  for (int64_t probe = 0; probe < cap; ++probe) {
     int64_t k = hkeys[slot];
     if (k == key) return slot;
     if (k == -1) return -1;
     slot = (slot + 1) & (cap - 1);
   }
+  return -1;
 }
 
 __global__ void clear_kernel(int64_t* keys, int32_t* values, int64_t cap) {
@@ -55,13 +60,15 @@ __global__ void clear_kernel(int64_t* keys, int32_t* values, int64_t cap) {
 }
 
 __global__ void subm_insert_kernel(const int32_t* indices, int64_t n, ConvGeometry g, int64_t* hkeys,
-                                   int32_t* hvals, int64_t cap, int32_t* dup_row) {
+                                   int32_t* hvals, int64_t cap, int32_t* dup_row, int32_t* full) {
   const int w = g.ndim + 1;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int32_t* row = indices + i * w;
     bool inserted;
     int64_t slot = hash_insert(hkeys, cap, pack_key(row[0], row + 1, g.in_shape, g.ndim), &inserted);
-    if (inserted)
+    if (slot < 0)
+      atomicExch(full, 1);
+    else if (inserted)
       hvals[slot] = static_cast<int32_t>(i);
     else
       atomicMin(dup_row, static_cast<int32_t>(i));
@@ -100,12 +107,12 @@ __global__ void candidate_keys_kernel(const int32_t* indices, int64_t n, ConvGeo
   }
 }
 
-__global__ void insert_keys_kernel(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap) {
+__global__ void insert_keys_kernel(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, int32_t* full) {
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < count; t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t key = keys[t];
     if (key < 0) continue;
     bool inserted;
-    hash_insert(hkeys, cap, key, &inserted);
+    if (hash_insert(hkeys, cap, key, &inserted) < 0) atomicExch(full, 1);
   }
 }
 
@@ -161,10 +168,10 @@ int hash_clear(int64_t* keys, int32_t* values, int64_t cap, void* stream) {
 }
 
 int subm_insert(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t* hkeys, int32_t* hvals,
-                int64_t cap, int32_t* dup_row, void* stream) {
+                int64_t cap, int32_t* dup_row, int32_t* full, void* stream) {
   if (n <= 0) return 0;
   launch_kernel(subm_insert_kernel, grid_1d(n, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), indices, n,
-      g, hkeys, hvals, cap, dup_row);
+      g, hkeys, hvals, cap, dup_row, full);
   return last_launch_error();
 }
 
@@ -184,10 +191,10 @@ int conv_candidate_keys(const int32_t* indices, int64_t n, const ConvGeometry& g
   return last_launch_error();
 }
 
-int hash_insert_keys(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, void* stream) {
+int hash_insert_keys(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, int32_t* full, void* stream) {
   if (count <= 0) return 0;
   launch_kernel(insert_keys_kernel, grid_1d(count, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), keys,
-      count, hkeys, cap);
+      count, hkeys, cap, full);
   return last_launch_error();
 }
 

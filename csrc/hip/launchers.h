@@ -21,10 +21,12 @@ int64_t hash_capacity(int64_t expected);
 int hash_clear(int64_t* keys, int32_t* values, int64_t cap, void* stream);
 
 // ---- kernel maps ----
+// Inserts probe at most cap slots: *full (one int32 on the device, 0 on entry) becomes 1 when a key found no
+// slot (the caller raises). Lookups of absent keys in a full table return -1.
 // Submanifold: inserts every input row (key -> row). *dup_row (one int32 on the device, set by the caller
 // to INT32_MAX) receives the smallest row that found its coordinate already present.
 int subm_insert(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t* hkeys, int32_t* hvals,
-                int64_t cap, int32_t* dup_row, void* stream);
+                int64_t cap, int32_t* dup_row, int32_t* full, void* stream);
 // nbr[i * kvol + k] = input row at the offset-k neighbour of row i, or -1.
 int subm_neighbors(const int32_t* indices, int64_t n, const ConvGeometry& g, const int64_t* hkeys,
                    const int32_t* hvals, int64_t cap, int32_t* nbr, void* stream);
@@ -32,7 +34,7 @@ int subm_neighbors(const int32_t* indices, int64_t n, const ConvGeometry& g, con
 int conv_candidate_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, bool transpose, int64_t* keys,
                         void* stream);
 // Inserts every key != -1 (values untouched).
-int hash_insert_keys(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, void* stream);
+int hash_insert_keys(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, int32_t* full, void* stream);
 // For r < m: the slot of uniq[r] gets value r (uniq must already be inserted).
 int hash_assign_rank(const int64_t* uniq, int64_t m, const int64_t* hkeys, int32_t* hvals, int64_t cap,
                      void* stream);
@@ -46,14 +48,17 @@ int decode_keys(const int64_t* keys, int64_t m, const ConvGeometry& g, bool use_
 // ---- native route: gather -> vendor GEMM (ATen) -> scatter-add ----
 // dst[r, :] = src[idx[r], :] for r < m; src and dst of dtype t, c channels, row-major contiguous.
 int gather_rows(DType t, const void* src, int64_t c, const int32_t* idx, int64_t m, void* dst, void* stream);
-// acc[idx[r], :] += src[r, :]; idx has no repeats within one call, so no atomics. acc is F32 or F64.
+// acc[idx[r], :] += src[r, :]; idx must not repeat within one call (no atomics): maps that repeat a row at one
+// offset (duplicate coordinates) are split into rounds by the caller (spconv/pytorch/pair_rounds.py).
+// acc is F32 or F64.
 int scatter_add_rows(DType src_t, const void* src, int64_t c, const int32_t* idx, int64_t m, DType acc_t,
                      void* acc, void* stream);
 
 // ---- fused route ----
-// nbr [num_rows, kvol] must hold -1; sets nbr[pair_out[p] * kvol + k(p)] = pair_in[p].
+// nbr [num_rows, kvol] must hold -1; sets nbr[pair_out[p] * kvol + k(p)] = pair_in[p]. *repeated (one int32,
+// 0 on entry) becomes 1 when two pairs share an (output, offset): the table then holds only one of them.
 int fused_map_fill(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets, int64_t kvol,
-                   int64_t npairs, int64_t num_rows, int32_t* nbr, void* stream);
+                   int64_t npairs, int64_t num_rows, int32_t* nbr, int32_t* repeated, void* stream);
 // masks[s * num_rows + r]: bit ((k - k0_s) / gs_s) set when nbr[r, k] >= 0, for the offsets
 // k0_s = s * kvol / S <= k < k1_s of split s, gs_s = ceil((k1_s - k0_s) / 32).
 int fused_map_masks(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_splits, int32_t* masks,
@@ -70,8 +75,10 @@ int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr
 int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
                        const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits,
                        float* workspace, void* dw, void* stream);
-// Which kernel body fused_conv_forward runs on the current device for dtype t: "simt", "wmma" or "mfma".
-const char* fused_forward_path(DType t);
+// Which kernel body fused_conv_forward runs on the current device: *out (one int32 on the device) = 0 SIMT,
+// 1 WMMA, 2 MFMA for 16-bit dtypes, as compiled into the code the device runs; fused_body_name names it for t.
+int fused_forward_body(int32_t* out, void* stream);
+const char* fused_body_name(DType t, int32_t body);
 
 // ---- point to voxel (csrc/hip/point_to_voxel.cu; section owner: voxel) ----
 // Grid in zyx order (ndim <= 4): vsize, lower corner lo, grid = voxels per dimension; dimension j reads
@@ -109,6 +116,7 @@ int hash_kv_insert_exist(int key_bytes, int value_bytes, const void* table_keys,
 // ---- pooling (csrc/hip/pool.cu) ----
 // Pairs grouped by kernel offset (schema.cpp); `offsets` [kvol + 1] is a HOST copy of pair_offsets (one launch
 // per non-empty offset, in order, so no atomics on features and results match the CPU route's update order).
+// No row may repeat within one offset: maps that do (duplicate coordinates) pool on the CPU (spconv/pytorch/ops.py).
 // Features of dtype t, c channels, row-major contiguous; "acc" buffers are F32 (F64 when t is F64).
 // out [num_out, c] of dtype t, zero on entry: out = max(0, window max); a NaN input propagates and sticks.
 int maxpool_forward(DType t, const void* x, int64_t c, const int32_t* pair_in, const int32_t* pair_out,

@@ -45,7 +45,7 @@ ConvGeometry make_geometry(int64_t ndim, at::IntArrayRef spatial_shape, at::IntA
   return g;
 }
 
-void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const ConvGeometry& g) {
+static void check_grid_volume(int64_t batch_size, const ConvGeometry& g) {
   TORCH_CHECK_VALUE(batch_size >= 1, "batch_size must be >= 1, got ", batch_size);
   // Keys pack (batch, coordinates) into an int64: batch_size x grid volume must fit, else keys collide.
   for (const int32_t* shape : {g.in_shape, g.out_shape}) {
@@ -55,6 +55,10 @@ void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const 
     TORCH_CHECK_VALUE(!overflow, "batch_size=", batch_size, " x spatial_shape ",
                       std::vector<int32_t>(shape, shape + g.ndim), " has more than 2^63 sites (64-bit coordinate keys)");
   }
+}
+
+void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const ConvGeometry& g) {
+  check_grid_volume(batch_size, g);
   const int64_t n = indices_cpu.size(0), w = indices_cpu.size(1);
   const int32_t* p = indices_cpu.const_data_ptr<int32_t>();
   std::atomic<int64_t> bad{n};
@@ -79,6 +83,18 @@ void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const 
     TORCH_CHECK_VALUE(false, "indices row ", i, " = ", row, " has a coordinate outside spatial_shape ",
                       std::vector<int32_t>(g.in_shape, g.in_shape + g.ndim));
   }
+}
+
+void check_coordinates_on_device(const at::Tensor& indices, int64_t batch_size, const ConvGeometry& g) {
+  check_grid_volume(batch_size, g);
+  if (indices.size(0) == 0) return;
+  auto lo = std::get<0>(indices.min(0)), hi = std::get<0>(indices.max(0));
+  const at::Tensor h = at::cat({lo, hi}).to(at::kLong).cpu();  // [2 * (ndim + 1)]
+  const int64_t* v = h.const_data_ptr<int64_t>();
+  const int64_t w = indices.size(1);
+  bool ok = v[0] >= 0 && v[w] < batch_size;
+  for (int d = 0; d < g.ndim; ++d) ok = ok && v[1 + d] >= 0 && v[w + 1 + d] < g.in_shape[d];
+  if (!ok) check_coordinates(indices.cpu().contiguous(), batch_size, g);  // raises, naming the first bad row
 }
 
 void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,

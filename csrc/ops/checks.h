@@ -20,6 +20,9 @@ ConvGeometry make_geometry(int64_t ndim, at::IntArrayRef spatial_shape, at::IntA
 // Every coordinate inside spatial_shape and every batch index in [0, batch_size): runs on the CPU
 // copy of the indices (the GPU glue passes one).
 void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const ConvGeometry& g);
+// The same checks for indices on any device, copying only the per-column extremes to the host (and the indices
+// only when a check fails, for the message).
+void check_coordinates_on_device(const at::Tensor& indices, int64_t batch_size, const ConvGeometry& g);
 
 void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
                  const at::Tensor& features);

@@ -3,6 +3,13 @@
 namespace spconv {
 namespace ops {
 
+HashInput hash_input(const at::Tensor& table_keys, const at::Tensor& table_values, const at::Tensor& keys,
+                     const at::Tensor* values) {
+  check_hash_keys(table_keys, table_values, keys, values);
+  const at::Tensor k = keys.contiguous();
+  return {k, values ? values->contiguous() : at::Tensor()};
+}
+
 void check_hash_table(const at::Tensor& table_keys, const at::Tensor& table_values) {
   TORCH_CHECK_TYPE(table_keys.scalar_type() == at::kInt || table_keys.scalar_type() == at::kLong,
                    "table_keys must be int32 or int64, got ", table_keys.scalar_type());

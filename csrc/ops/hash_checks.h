@@ -13,5 +13,16 @@ void check_hash_table(const at::Tensor& table_keys, const at::Tensor& table_valu
 void check_hash_keys(const at::Tensor& table_keys, const at::Tensor& table_values, const at::Tensor& keys,
                      const at::Tensor* values);
 
+// What every hash_table_* op of the CPU and GPU glue starts from: the keys (and values, undefined when
+// absent) checked against the table and made contiguous.
+struct HashInput {
+  at::Tensor keys, values;
+};
+HashInput hash_input(const at::Tensor& table_keys, const at::Tensor& table_values, const at::Tensor& keys,
+                     const at::Tensor* values);
+
+// One uint8 flag per key (the is_empty result of query / insert_exist_keys).
+inline at::Tensor key_flags(const at::Tensor& keys) { return at::empty({keys.size(0)}, keys.options().dtype(at::kByte)); }
+
 }  // namespace ops
 }  // namespace spconv

@@ -6,6 +6,11 @@
 namespace spconv {
 namespace ops {
 
+VoxelOutputs voxel_outputs(int64_t m, int64_t ndim, int64_t max_points, int64_t c, const at::TensorOptions& opts) {
+  return {at::zeros({m, max_points, c}, opts), at::empty({m, ndim}, opts.dtype(at::kInt)),
+          at::empty({m}, opts.dtype(at::kInt))};
+}
+
 native::VoxelGridSpec check_point_to_voxel_args(const at::Tensor& points, at::ArrayRef<double> vsize,
                                                 at::ArrayRef<double> coors_range, at::IntArrayRef grid_size,
                                                 int64_t max_num_voxels, int64_t max_num_points_per_voxel) {

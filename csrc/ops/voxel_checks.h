@@ -13,5 +13,12 @@ native::VoxelGridSpec check_point_to_voxel_args(const at::Tensor& points, at::Ar
                                                 at::ArrayRef<double> coors_range, at::IntArrayRef grid_size,
                                                 int64_t max_num_voxels, int64_t max_num_points_per_voxel);
 
+// The outputs for m voxels that the CPU and GPU glue both allocate: voxels [m, max_points, c] zero-filled
+// (empty point slots stay 0), indices [m, ndim] and num_per_voxel [m] int32, on the options' device.
+struct VoxelOutputs {
+  at::Tensor voxels, indices, num_per_voxel;
+};
+VoxelOutputs voxel_outputs(int64_t m, int64_t ndim, int64_t max_points, int64_t c, const at::TensorOptions& opts);
+
 }  // namespace ops
 }  // namespace spconv

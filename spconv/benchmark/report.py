@@ -37,13 +37,19 @@ def format_table(headers: Sequence[str], rows: List[Sequence[str]], left: int = 
     return "\n".join(out)
 
 
+def dtype_label(route: str, dtype: str) -> str:
+    """The dtype column: TF32 runs only on the native route; a fused tf32 row is plain FP32 (SIMT body)."""
+    return "tf32 (fp32: fused has no tf32)" if dtype == "tf32" and route == "fused" else dtype
+
+
 def measurement_rows(ms: List[Measurement]) -> List[List[str]]:
     rows = []
     for m in ms:
         route = m.route + ("*" if m.chosen else "")
         spread = f"{fmt_num(m.min_ms)}-{fmt_num(m.max_ms)}"
         mm_gflops = m.flops / (m.mm_ms * 1e6) if m.mm_ms else None
-        rows.append([m.case, route, m.dtype, PASS_LABEL.get(m.pass_name, m.pass_name), fmt_num(m.median_ms),
+        rows.append([m.case, route, dtype_label(m.route, m.dtype), PASS_LABEL.get(m.pass_name, m.pass_name),
+                     fmt_num(m.median_ms),
                      spread, str(m.iters), fmt_num(m.flops / 1e9) if m.flops else "-", fmt_num(m.gflops),
                      fmt_num(mm_gflops), fmt_num(m.mm_ratio, 2) + "x" if m.mm_ms else "-"])
     return rows
@@ -108,7 +114,8 @@ def format_header(meta: Dict[str, object]) -> str:
              f"extension backends: {meta.get('backends')}",
              f"timing: {meta.get('timing')}",
              "route* = the route a plain model call takes here; GFLOP = useful FLOPs (2 x pairs x Cin x Cout per "
-             "pass); vs mm = time of torch.mm on the same FLOPs / our time (1.0x = GEMM speed)"]
+             "pass); vs mm = time of torch.mm on the same FLOPs / our time (1.0x = GEMM speed); tf32 runs only on "
+             "the native route (the fused route computes FP32 with FMA)"]
     return "\n".join(lines)
 
 

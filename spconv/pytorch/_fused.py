@@ -37,6 +37,7 @@ from torch.autograd.function import once_differentiable
 from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
 from spconv import _backend  # loads the extension, which defines the ops; _backend.ops calls them
+from spconv.pytorch import pair_rounds
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KVOL = 4096
@@ -152,7 +153,13 @@ class FusedConvFunction(torch.autograd.Function):
 
 
 def fused_conv_unchecked(features: torch.Tensor, filters: torch.Tensor, maps, num_splits: int = 0) -> torch.Tensor:
-    """The fused convolution on any device (the CPU runs the reference kernels), without the route policy."""
+    """The fused convolution on any device (the CPU runs the reference kernels), without the route policy.
+
+    A map that repeats a row at one offset (duplicate coordinates) runs as its rounds (``pair_rounds``): a
+    neighbour table holds one input per (output, offset)."""
+    parts = pair_rounds.split_rounds(maps)
+    if len(parts) > 1:
+        return pair_rounds.sum_rounds([fused_conv_unchecked(features, filters, p, num_splits) for p in parts])
     return FusedConvFunction.apply(features.contiguous(), filters, maps, num_splits)
 
 

@@ -21,6 +21,7 @@ import torch
 from spconv import _backend
 from spconv.core import ConvAlgo
 from spconv.pytorch import ops as _native
+from spconv.pytorch import pair_rounds
 from spconv.pytorch._symsize import as_size
 from spconv.pytorch.core import PairMaps, pairs_to_spconv_layout
 
@@ -73,6 +74,23 @@ def _table_from_maps(maps: PairMaps, rows_are_outputs: bool) -> torch.Tensor:
         rows, partner = (maps.pair_out, maps.pair_in) if rows_are_outputs else (maps.pair_in, maps.pair_out)
         table[k, rows.long()] = partner
     return table
+
+
+def _rounds(features: torch.Tensor, maps: PairMaps) -> List[PairMaps]:
+    """The GPU kernels need maps that repeat no row at one offset (see pair_rounds); the CPU sums repeats."""
+    return pair_rounds.split_rounds(maps) if _backend.runs_gpu_code(features.device) else [maps]
+
+
+def _conv(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
+    return pair_rounds.sum_rounds([_ops.indice_conv(features, filters, p.pair_in, p.pair_out, p.pair_offsets, num_out)
+                                   for p in _rounds(features, maps)])
+
+
+def _conv_backward(features: torch.Tensor, filters: torch.Tensor, out_bp: torch.Tensor,
+                   maps: PairMaps) -> Tuple[torch.Tensor, torch.Tensor]:
+    grads = [_ops.indice_conv_backward(features, filters, out_bp, p.pair_in, p.pair_out, p.pair_offsets)
+             for p in _rounds(features, maps)]
+    return pair_rounds.sum_rounds([g[0] for g in grads]), pair_rounds.sum_rounds([g[1] for g in grads])
 
 
 def _krsc_to_filters(filters: torch.Tensor) -> torch.Tensor:
@@ -190,8 +208,7 @@ def indice_conv(features: torch.Tensor, filters: torch.Tensor, indice_pairs: tor
                 act_alpha: float = 0.0, act_beta: float = 0.0, act_type=None) -> torch.Tensor:
     """``out[o] += features[i] @ W_k`` over the pairs (rows swapped when ``inverse``); filters KRSC."""
     maps = _maps_from_native(indice_pairs, indice_pair_num, features.shape[0], int(num_activate_out), inverse)
-    out = _ops.indice_conv(features.contiguous(), _krsc_to_filters(filters), maps.pair_in, maps.pair_out,
-                           maps.pair_offsets, int(num_activate_out))
+    out = _conv(features.contiguous(), _krsc_to_filters(filters), maps, int(num_activate_out))
     return _bias_act(out, bias, act_type, act_alpha)
 
 
@@ -201,8 +218,7 @@ def indice_conv_backward(features: torch.Tensor, filters: torch.Tensor, out_bp: 
                          timer=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """spconv 2.x: ``(d features, d filters)`` with d filters in the filters' KRSC shape."""
     maps = _maps_from_native(indice_pairs, indice_pair_num, features.shape[0], out_bp.shape[0], inverse)
-    dx, dw = _ops.indice_conv_backward(features.contiguous(), _krsc_to_filters(filters), out_bp.contiguous(),
-                                       maps.pair_in, maps.pair_out, maps.pair_offsets)
+    dx, dw = _conv_backward(features.contiguous(), _krsc_to_filters(filters), out_bp.contiguous(), maps)
     return dx, _filters_grad_to_krsc(dw, filters)
 
 
@@ -218,8 +234,7 @@ def implicit_gemm(features: torch.Tensor, filters: torch.Tensor, pair_fwd: torch
     if features.is_quantized or scale is not None or output_add is not None:
         raise NotImplementedError("int8 implicit GEMM (scale / output_add) is not supported")
     maps = _maps_from_table(pair_fwd, True, features.shape[0], int(num_activate_out))
-    out = _ops.indice_conv(features.contiguous(), _krsc_to_filters(filters), maps.pair_in, maps.pair_out,
-                           maps.pair_offsets, int(num_activate_out))
+    out = _conv(features.contiguous(), _krsc_to_filters(filters), maps, int(num_activate_out))
     out = _bias_act(out, bias, act_type, act_alpha)
     if output_dtype is not None:
         out = out.to(output_dtype)
@@ -238,8 +253,7 @@ def implicit_gemm_backward(features: torch.Tensor, filters: torch.Tensor, out_bp
     if mask_output_fwd is None:
         raise ValueError("mask_output_fwd is None: run the forward with is_train=True (net.train()) to backprop")
     maps = _maps_from_table(pair_fwd, True, features.shape[0], out_bp.shape[0])
-    dx, dw = _ops.indice_conv_backward(features.contiguous(), _krsc_to_filters(filters), out_bp.contiguous(),
-                                       maps.pair_in, maps.pair_out, maps.pair_offsets)
+    dx, dw = _conv_backward(features.contiguous(), _krsc_to_filters(filters), out_bp.contiguous(), maps)
     return dx, _filters_grad_to_krsc(dw, filters)
 
 
@@ -254,8 +268,11 @@ def indice_maxpool(features: torch.Tensor, indice_pairs: torch.Tensor, indice_pa
 def indice_maxpool_backward(features: torch.Tensor, out_features: torch.Tensor, out_bp: torch.Tensor,
                             indice_pairs: torch.Tensor, indice_pair_num: torch.Tensor) -> torch.Tensor:
     maps = _maps_from_native(indice_pairs, indice_pair_num, features.shape[0], out_features.shape[0])
-    return _ops.indice_maxpool_backward(features.contiguous(), out_features.contiguous(), out_bp.contiguous(),
-                                        maps.pair_in, maps.pair_out, maps.pair_offsets)
+    lib, m = _native.pool_route(features, maps)
+    dev = m.pair_in.device
+    return lib.indice_maxpool_backward(features.contiguous().to(dev), out_features.contiguous().to(dev),
+                                        out_bp.contiguous().to(dev), m.pair_in, m.pair_out,
+                                        m.pair_offsets).to(features.device)
 
 
 def indice_maxpool_implicit_gemm(features: torch.Tensor, indice_pairs: torch.Tensor,
@@ -269,8 +286,11 @@ def indice_maxpool_implicit_gemm_backward(features: torch.Tensor, out_features: 
                                           indice_pairs: torch.Tensor) -> torch.Tensor:
     """``indice_pairs`` is ``pair_bwd`` ``[kvol, num_in]``."""
     maps = _maps_from_table(indice_pairs, False, features.shape[0], out_features.shape[0])
-    return _ops.indice_maxpool_backward(features.contiguous(), out_features.contiguous(), out_bp.contiguous(),
-                                        maps.pair_in, maps.pair_out, maps.pair_offsets)
+    lib, m = _native.pool_route(features, maps)
+    dev = m.pair_in.device
+    return lib.indice_maxpool_backward(features.contiguous().to(dev), out_features.contiguous().to(dev),
+                                        out_bp.contiguous().to(dev), m.pair_in, m.pair_out,
+                                        m.pair_offsets).to(features.device)
 
 
 def indice_avgpool_implicit_gemm(features: torch.Tensor, indice_pairs: torch.Tensor, num_activate_out: int,
@@ -285,8 +305,10 @@ def indice_avgpool_implicit_gemm_backward(out_bp: torch.Tensor, indice_pairs: to
                                           count_out: torch.Tensor) -> torch.Tensor:
     """``indice_pairs`` is ``pair_bwd`` ``[kvol, num_in]``; ``count_out`` from the forward with calc_count."""
     maps = _maps_from_table(indice_pairs, False, indice_pairs.shape[1], out_bp.shape[0])
-    return _ops.indice_avgpool_backward(out_bp.contiguous(), count_out.int().contiguous(), maps.pair_in,
-                                        maps.pair_out, maps.pair_offsets, indice_pairs.shape[1])
+    lib, m = _native.pool_route(out_bp, maps)
+    dev = m.pair_in.device
+    return lib.indice_avgpool_backward(out_bp.contiguous().to(dev), count_out.int().contiguous().to(dev), m.pair_in,
+                                        m.pair_out, m.pair_offsets, indice_pairs.shape[1]).to(out_bp.device)
 
 
 def global_pool_rearrange(out_indices: torch.Tensor, batch_size: int) -> Tuple[torch.Tensor, torch.Tensor]:

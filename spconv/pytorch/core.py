@@ -28,12 +28,15 @@ class PairMaps:
     """
 
     def __init__(self, pair_in: torch.Tensor, pair_out: torch.Tensor, pair_offsets: torch.Tensor, num_in: int,
-                 num_out: int):
+                 num_out: int, repeat_free: bool = False):
         self.pair_in = pair_in
         self.pair_out = pair_out
         self.pair_offsets = pair_offsets
         self.num_in = as_size(num_in)  # SymInts while tracing
         self.num_out = as_size(num_out)
+        # True when no row repeats within one offset on either side (known for submanifold maps); else
+        # spconv.pytorch.pair_rounds checks once.
+        self.repeat_free = bool(repeat_free)
         self.cache: Dict[str, Any] = {}
         self._reversed: Optional["PairMaps"] = None
 
@@ -44,7 +47,7 @@ class PairMaps:
     def reversed(self) -> "PairMaps":
         """The same pairs with inputs and outputs swapped (inverse convolution), cached."""
         if self._reversed is None:
-            rev = PairMaps(self.pair_out, self.pair_in, self.pair_offsets, self.num_out, self.num_in)
+            rev = PairMaps(self.pair_out, self.pair_in, self.pair_offsets, self.num_out, self.num_in, self.repeat_free)
             rev._reversed = self
             self._reversed = rev
         return self._reversed
@@ -55,7 +58,7 @@ class PairMaps:
         key = f"on_{device}"
         if key not in self.cache:
             self.cache[key] = PairMaps(self.pair_in.to(device), self.pair_out.to(device),
-                                       self.pair_offsets.to(device), self.num_in, self.num_out)
+                                       self.pair_offsets.to(device), self.num_in, self.num_out, self.repeat_free)
         return self.cache[key]
 
     def pair_counts(self) -> torch.Tensor:

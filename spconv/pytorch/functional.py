@@ -2,7 +2,7 @@
 import torch
 
 from spconv import _backend
-from spconv.pytorch import ops
+from spconv.pytorch import ops, pair_rounds
 from spconv.pytorch.core import PairMaps
 
 
@@ -15,6 +15,14 @@ def weight_to_filters(weight: torch.Tensor) -> torch.Tensor:
 def conv_features(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
     """Runs one sparse convolution on the route the dispatcher picks; differentiable in features and filters."""
     maps = maps.to(features.device)
+    if _backend.runs_gpu_code(features.device):  # the CPU route sums rows repeated at one offset; GPU kernels can't
+        parts = pair_rounds.split_rounds(maps)
+        if len(parts) > 1:
+            return pair_rounds.sum_rounds([_conv_one(features, filters, p, num_out) for p in parts])
+    return _conv_one(features, filters, maps, num_out)
+
+
+def _conv_one(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
     if _backend.fused_route_enabled(features.device):
         from spconv.pytorch import _fused
         out = _fused.fused_conv(features, filters, maps, num_out)

@@ -11,6 +11,7 @@ import spconv  # noqa: F401
 from spconv import constants  # noqa: F401
 from spconv.constants import AllocKeys  # noqa: F401
 from spconv.core import AlgoHint, ConvAlgo  # noqa: F401
+from spconv.pytorch import pair_rounds
 from spconv.pytorch.core import PairMaps
 
 _ops = _backend.ops  # the selected op library (torch.ops.spconv unless a test swaps it)
@@ -49,7 +50,9 @@ def build_kernel_map(indices: torch.Tensor, batch_size: int, spatial_shape: List
     out_indices, pair_in, pair_out, pair_offsets = _ops.get_indice_pairs(
         indices, batch_size, list(spatial_shape), list(out_shape), list(ksize), list(stride), list(padding),
         list(dilation), subm, transpose)
-    return out_indices, PairMaps(pair_in, pair_out, pair_offsets, indices.shape[0], out_indices.shape[0])
+    # Submanifold maps never repeat a row at one offset: the builder rejects duplicate coordinates.
+    return out_indices, PairMaps(pair_in, pair_out, pair_offsets, indices.shape[0], out_indices.shape[0],
+                                 repeat_free=subm)
 
 
 @_backend.register_fake("get_indice_pairs")
@@ -159,14 +162,32 @@ def _register_autograd(namespace: str):
 _backend.on_op_library(_register_autograd)
 
 
+def pool_route(features: torch.Tensor, maps: PairMaps):
+    """(op library, map) for pooling ``features``: the selected library with the map on the features' device,
+    or the CPU route with the map on the CPU when the GPU kernels can't take the map.
+
+    The GPU pooling kernels update each output once per offset; a map repeating an output at one offset
+    (duplicate coordinates) pools on the CPU instead (slow, but exact and rare). Autograd follows the copies.
+    """
+    maps = maps.to(features.device)
+    if _backend.runs_gpu_code(features.device) and pair_rounds.has_repeats(maps):
+        return torch.ops.spconv, maps.to(torch.device("cpu"))
+    return _ops, maps
+
+
 def indice_maxpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
     """``max(0, max of the window's active inputs)`` per output (spconv's max-pool semantics)."""
-    return _ops.indice_maxpool(features, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out)
+    lib, m = pool_route(features, maps)
+    x = features.to(m.pair_in.device)
+    return lib.indice_maxpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out).to(features.device)
 
 
 def indice_avgpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Mean over the window's active inputs per output, and the int32 count of those inputs."""
-    return _ops.indice_avgpool(features, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out)
+    lib, m = pool_route(features, maps)
+    x = features.to(m.pair_in.device)
+    out, count = lib.indice_avgpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out)
+    return out.to(features.device), count.to(features.device)
 
 
 # spconv 2.x's public ops functions (get_indice_pairs, indice_conv, implicit_gemm, indice_maxpool, ...).

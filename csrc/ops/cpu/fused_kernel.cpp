@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../checks.h"
-#include "../gpu/fused_checks.h"
+#include "../fused_checks.h"
 
 namespace spconv {
 namespace ops {
@@ -38,6 +38,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_cpu(const at::Ten
       TORCH_CHECK_VALUE(pout[p] >= 0 && pout[p] < num_rows, "pair_out[", p, "] = ", pout[p],
                         " is outside [0, num_rows=", num_rows, ")");
       TORCH_CHECK_VALUE(pin[p] >= 0, "pair_in[", p, "] = ", pin[p], " is negative");
+      check_no_repeated_output(nb[pout[p] * kvol + k] >= 0);
       nb[pout[p] * kvol + k] = pin[p];
     }
   at::Tensor masks = at::empty({num_splits, num_rows}, opts);
@@ -101,9 +102,7 @@ at::Tensor fused_conv_cpu(const at::Tensor& features, const at::Tensor& filters,
   at::Tensor x = features.to(ct).contiguous(), w = filters.to(ct).contiguous();
   at::Tensor nbr = nbr_arg.contiguous(), masks = masks_arg.contiguous(), order = order_arg.contiguous();
   const int32_t* nb = nbr.const_data_ptr<int32_t>();
-  for (int64_t t = 0; t < n_out * kvol; ++t)
-    TORCH_CHECK_VALUE(nb[t] < features.size(0), "nbr holds row ", nb[t], " but features have ", features.size(0),
-                      " rows");
+  check_fused_tables(nbr, order, features.size(0));
   at::Tensor out;  // in the output dtype, after each split
   for (int64_t s = 0; s < splits; ++s) {
     const int64_t k0 = s * kvol / splits, k1 = (s + 1) * kvol / splits;

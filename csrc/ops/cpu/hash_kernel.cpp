@@ -22,10 +22,7 @@ void dispatch_kv(const at::Tensor& table_keys, const at::Tensor& table_values, F
 
 void hash_table_insert_cpu(const at::Tensor& table_keys, const at::Tensor& table_values, const at::Tensor& keys_arg,
                            const std::optional<at::Tensor>& values_arg) {
-  const at::Tensor* vptr = values_arg.has_value() ? &*values_arg : nullptr;
-  check_hash_keys(table_keys, table_values, keys_arg, vptr);
-  const at::Tensor keys = keys_arg.contiguous();
-  const at::Tensor values = vptr ? vptr->contiguous() : at::Tensor();
+  const auto [keys, values] = hash_input(table_keys, table_values, keys_arg, values_arg ? &*values_arg : nullptr);
   const int64_t cap = table_keys.size(0);
   int64_t failed = -1;
   dispatch_kv(table_keys, table_values, [&](auto k, auto v) {
@@ -42,10 +39,9 @@ void hash_table_insert_cpu(const at::Tensor& table_keys, const at::Tensor& table
 
 std::tuple<at::Tensor, at::Tensor> hash_table_query_cpu(const at::Tensor& table_keys, const at::Tensor& table_values,
                                                         const at::Tensor& keys_arg) {
-  check_hash_keys(table_keys, table_values, keys_arg, nullptr);
-  const at::Tensor keys = keys_arg.contiguous();
+  const at::Tensor keys = hash_input(table_keys, table_values, keys_arg, nullptr).keys;
   at::Tensor out = at::empty({keys.size(0)}, table_values.options());
-  at::Tensor is_empty = at::empty({keys.size(0)}, keys.options().dtype(at::kByte));
+  at::Tensor is_empty = key_flags(keys);
   dispatch_kv(table_keys, table_values, [&](auto k, auto v) {
     using K = decltype(k);
     using V = decltype(v);
@@ -59,10 +55,8 @@ std::tuple<at::Tensor, at::Tensor> hash_table_query_cpu(const at::Tensor& table_
 
 at::Tensor hash_table_insert_exist_keys_cpu(const at::Tensor& table_keys, const at::Tensor& table_values,
                                             const at::Tensor& keys_arg, const at::Tensor& values_arg) {
-  check_hash_keys(table_keys, table_values, keys_arg, &values_arg);
-  const at::Tensor keys = keys_arg.contiguous();
-  const at::Tensor values = values_arg.contiguous();
-  at::Tensor is_empty = at::empty({keys.size(0)}, keys.options().dtype(at::kByte));
+  const auto [keys, values] = hash_input(table_keys, table_values, keys_arg, &values_arg);
+  at::Tensor is_empty = key_flags(keys);
   dispatch_kv(table_keys, table_values, [&](auto k, auto v) {
     using K = decltype(k);
     using V = decltype(v);

@@ -27,9 +27,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> point_to_voxel_cpu(
   });
   const int64_t m = native::assign_voxels(keys.const_data_ptr<int64_t>(), n, max_num_voxels,
                                           pc_voxel_id.mutable_data_ptr<int64_t>(), slot.data(), voxel_keys, counts);
-  at::Tensor voxels = at::zeros({m, max_num_points_per_voxel, c}, points.options());
-  at::Tensor indices = at::empty({m, spec.ndim}, points.options().dtype(at::kInt));
-  at::Tensor num_per_voxel = at::empty({m}, points.options().dtype(at::kInt));
+  auto [voxels, indices, num_per_voxel] = voxel_outputs(m, spec.ndim, max_num_points_per_voxel, c, points.options());
   int32_t* num = num_per_voxel.mutable_data_ptr<int32_t>();
   for (int64_t v = 0; v < m; ++v) num[v] = static_cast<int32_t>(std::min<int64_t>(counts[v], max_num_points_per_voxel));
   native::decode_voxel_keys(voxel_keys.data(), m, spec, indices.mutable_data_ptr<int32_t>());

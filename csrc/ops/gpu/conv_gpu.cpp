@@ -1,5 +1,6 @@
 // GPU implementation of the native convolution route: per kernel offset, gather rows -> at::mm
-// (cuBLAS / hipBLAS) -> scatter-add into an fp32 (fp64 for double) accumulator. Offsets run in order
+// (cuBLAS / hipBLAS, FP32 output for 16-bit inputs) -> scatter-add into an fp32 (fp64 for double)
+// accumulator. Offsets run in order
 // on one stream, and within an offset a row appears once, so the scatter-add needs no atomics.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -16,6 +17,18 @@ namespace {
 
 at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
+// out = a @ b accumulated and returned in out's dtype (FP32 for 16-bit a and b, never rounded to 16 bits in
+// between, as on the CPU and fused routes). GPUs: the vendor GEMM reads 16-bit operands and writes FP32
+// (mm.dtype_out). CPU tensors (the HIP CPU test build) have no such kernel: the operands are widened first.
+void mm_acc(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == out.scalar_type())
+    at::mm_out(out, a, b);
+  else if (a.is_cpu())
+    at::mm_out(out, a.to(out.scalar_type()), b.to(out.scalar_type()));
+  else
+    at::mm_out(out, a, b, out.scalar_type());
+}
+
 // acc[scatter[p]] += src[gather[p]] @ (transpose_w ? W[k]^T : W[k]) over the pairs of each offset.
 void gather_mm_scatter(const at::Tensor& src, const at::Tensor& w, bool transpose_w, const at::Tensor& gather,
                        const at::Tensor& scatter, const at::Tensor& offsets_cpu, at::Tensor& acc, void* stream) {
@@ -26,7 +39,7 @@ void gather_mm_scatter(const at::Tensor& src, const at::Tensor& w, bool transpos
   if (max_count == 0 || c_dst == 0) return;
   const auto dt = gpu_dtype(src.scalar_type());
   at::Tensor a = at::empty({max_count, c_src}, src.options());
-  at::Tensor o = at::empty({max_count, c_dst}, src.options());
+  at::Tensor o = at::empty({max_count, c_dst}, src.options().dtype(acc.scalar_type()));
   const int32_t* g = gather.const_data_ptr<int32_t>();
   const int32_t* s = scatter.const_data_ptr<int32_t>();
   for (int64_t k = 0; k < kvol; ++k) {
@@ -35,9 +48,9 @@ void gather_mm_scatter(const at::Tensor& src, const at::Tensor& w, bool transpos
     at::Tensor am = a.narrow(0, 0, m), om = o.narrow(0, 0, m);
     check_launch(gpu::gather_rows(dt, src.const_data_ptr(), c_src, g + b, m, am.mutable_data_ptr(), stream),
                  "gather_rows");
-    at::mm_out(om, am, transpose_w ? w[k].t() : w[k]);
-    check_launch(gpu::scatter_add_rows(dt, om.const_data_ptr(), c_dst, s + b, m, gpu_dtype(acc.scalar_type()),
-                                       acc.mutable_data_ptr(), stream),
+    mm_acc(om, am, transpose_w ? w[k].t() : w[k]);
+    check_launch(gpu::scatter_add_rows(gpu_dtype(om.scalar_type()), om.const_data_ptr(), c_dst, s + b, m,
+                                       gpu_dtype(acc.scalar_type()), acc.mutable_data_ptr(), stream),
                  "scatter_add_rows");
   }
 }
@@ -78,6 +91,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
   if (max_count > 0 && cin > 0 && cout > 0) {
     const auto dt = gpu_dtype(x.scalar_type());
     at::Tensor a = at::empty({max_count, cin}, x.options()), b = at::empty({max_count, cout}, x.options());
+    at::Tensor dwk_acc = at::empty({cin, cout}, x.options().dtype(acc_type(x.scalar_type())));
     for (int64_t k = 0; k < kvol; ++k) {
       const int64_t s = pop[k], m = pop[k + 1] - s;
       if (m == 0) continue;
@@ -88,8 +102,8 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
       check_launch(gpu::gather_rows(dt, dy.const_data_ptr(), cout, pout.const_data_ptr<int32_t>() + s, m,
                                     bm.mutable_data_ptr(), stream),
                    "gather_rows");
-      at::Tensor dwk = dw[k];
-      at::mm_out(dwk, am.t(), bm);
+      mm_acc(dwk_acc, am.t(), bm);
+      dw[k].copy_(dwk_acc);  // rounded once
     }
   }
   return {dx_acc.to(features.scalar_type()), dw};

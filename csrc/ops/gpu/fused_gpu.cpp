@@ -8,7 +8,7 @@
 #include <string>
 
 #include "../checks.h"
-#include "fused_checks.h"
+#include "../fused_checks.h"
 #include "../op_library.h"
 #include "gpu_common.h"
 
@@ -31,10 +31,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_gpu(const at::Ten
   // One small host copy keeps out-of-range rows and offsets from writing outside the table (input rows are
   // bounded by the features, which fused_conv gets later: here only >= 0).
   check_pair_rows(pair_in, pair_out, po, std::numeric_limits<int32_t>::max(), num_rows);
+  at::Tensor repeated = at::zeros({1}, opts);
   check_launch(gpu::fused_map_fill(pair_in.const_data_ptr<int32_t>(), pair_out.const_data_ptr<int32_t>(),
                                    po.const_data_ptr<int64_t>(), kvol, npairs, num_rows,
-                                   nbr.mutable_data_ptr<int32_t>(), stream),
+                                   nbr.mutable_data_ptr<int32_t>(), repeated.mutable_data_ptr<int32_t>(), stream),
                "fused_map_fill");
+  if (npairs > 0) check_no_repeated_output(repeated.item<int32_t>() != 0);
   at::Tensor masks = at::empty({num_splits, num_rows}, opts);
   check_launch(gpu::fused_map_masks(nbr.const_data_ptr<int32_t>(), num_rows, kvol, static_cast<int>(num_splits),
                                     masks.mutable_data_ptr<int32_t>(), stream),
@@ -51,6 +53,7 @@ at::Tensor fused_conv_gpu(const at::Tensor& features, const at::Tensor& filters,
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous();
   at::Tensor nbr = nbr_arg.contiguous(), masks = masks_arg.contiguous(), order = order_arg.contiguous();
+  check_fused_tables(nbr, order, x.size(0));
   const int64_t n_out = nbr.size(0), kvol = nbr.size(1), cin = x.size(1), cout = w.size(2);
   at::Tensor y = at::empty({n_out, cout}, x.options());
   if (n_out == 0 || cout == 0) return y;
@@ -94,7 +97,10 @@ std::string fused_conv_path_gpu(const at::Tensor& features) {
   c10::DeviceGuard guard(features.device());
   const auto t = features.scalar_type();
   if (t != at::kFloat && t != at::kHalf && t != at::kBFloat16) return "unsupported";
-  return gpu::fused_forward_path(gpu_dtype(t));
+  at::Tensor body = at::empty({1}, features.options().dtype(at::kInt));
+  check_launch(gpu::fused_forward_body(body.mutable_data_ptr<int32_t>(), current_stream(features.device())),
+               "fused_forward_body");
+  return gpu::fused_body_name(gpu_dtype(t), body.item<int32_t>());
 }
 
 }  // namespace

@@ -17,11 +17,8 @@ int key_bytes(const at::Tensor& t) { return static_cast<int>(t.element_size()); 
 
 void hash_table_insert_gpu(const at::Tensor& table_keys, const at::Tensor& table_values, const at::Tensor& keys_arg,
                            const std::optional<at::Tensor>& values_arg) {
-  const at::Tensor* vptr = values_arg.has_value() ? &*values_arg : nullptr;
-  check_hash_keys(table_keys, table_values, keys_arg, vptr);
   c10::DeviceGuard guard(table_keys.device());
-  const at::Tensor keys = keys_arg.contiguous();
-  const at::Tensor values = vptr ? vptr->contiguous() : at::Tensor();
+  const auto [keys, values] = hash_input(table_keys, table_values, keys_arg, values_arg ? &*values_arg : nullptr);
   const int64_t cap = table_keys.size(0), n = keys.size(0);
   if (n == 0) return;
   at::Tensor first = at::full({cap}, std::numeric_limits<int32_t>::max(), keys.options().dtype(at::kInt));
@@ -36,11 +33,10 @@ void hash_table_insert_gpu(const at::Tensor& table_keys, const at::Tensor& table
 
 std::tuple<at::Tensor, at::Tensor> hash_table_query_gpu(const at::Tensor& table_keys, const at::Tensor& table_values,
                                                         const at::Tensor& keys_arg) {
-  check_hash_keys(table_keys, table_values, keys_arg, nullptr);
   c10::DeviceGuard guard(table_keys.device());
-  const at::Tensor keys = keys_arg.contiguous();
+  const at::Tensor keys = hash_input(table_keys, table_values, keys_arg, nullptr).keys;
   at::Tensor out = at::empty({keys.size(0)}, table_values.options());
-  at::Tensor is_empty = at::empty({keys.size(0)}, keys.options().dtype(at::kByte));
+  at::Tensor is_empty = key_flags(keys);
   check_launch(gpu::hash_kv_query(key_bytes(table_keys), key_bytes(table_values), table_keys.const_data_ptr(),
                                   table_values.const_data_ptr(), table_keys.size(0), keys.const_data_ptr(),
                                   keys.size(0), out.mutable_data_ptr(), is_empty.mutable_data_ptr<uint8_t>(),
@@ -51,12 +47,10 @@ std::tuple<at::Tensor, at::Tensor> hash_table_query_gpu(const at::Tensor& table_
 
 at::Tensor hash_table_insert_exist_keys_gpu(const at::Tensor& table_keys, const at::Tensor& table_values,
                                             const at::Tensor& keys_arg, const at::Tensor& values_arg) {
-  check_hash_keys(table_keys, table_values, keys_arg, &values_arg);
   c10::DeviceGuard guard(table_keys.device());
-  const at::Tensor keys = keys_arg.contiguous();
-  const at::Tensor values = values_arg.contiguous();
+  const auto [keys, values] = hash_input(table_keys, table_values, keys_arg, &values_arg);
   const int64_t cap = table_keys.size(0);
-  at::Tensor is_empty = at::empty({keys.size(0)}, keys.options().dtype(at::kByte));
+  at::Tensor is_empty = key_flags(keys);
   at::Tensor first = at::full({cap}, std::numeric_limits<int32_t>::max(), keys.options().dtype(at::kInt));
   check_launch(gpu::hash_kv_insert_exist(key_bytes(table_keys), key_bytes(table_values), table_keys.const_data_ptr(),
                                          table_values.data_ptr(), cap, keys.const_data_ptr(), values.const_data_ptr(),

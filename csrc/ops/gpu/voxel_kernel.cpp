@@ -25,8 +25,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> point_to_voxel_gpu(
   const auto opts = points.options();
   at::Tensor pc_voxel_id = at::full({n}, -1, opts.dtype(at::kLong));
   const auto empty_result = [&] {
-    return std::make_tuple(at::zeros({0, max_num_points_per_voxel, c}, opts), at::empty({0, spec.ndim}, opts.dtype(at::kInt)),
-                           at::empty({0}, opts.dtype(at::kInt)), pc_voxel_id);
+    auto [voxels, indices, num] = voxel_outputs(0, spec.ndim, max_num_points_per_voxel, c, opts);
+    return std::make_tuple(voxels, indices, num, pc_voxel_id);
   };
   if (n == 0) return empty_result();
 
@@ -44,7 +44,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> point_to_voxel_gpu(
   at::Tensor rank = at::cumsum(first, 0, at::kInt);
   const int64_t total = rank[n - 1].item<int64_t>();
   const int64_t m = std::min(total, max_num_voxels);
-  at::Tensor indices = at::empty({m, spec.ndim}, opts.dtype(at::kInt));
+  auto [voxels, indices, num_per_voxel] = voxel_outputs(m, spec.ndim, max_num_points_per_voxel, c, opts);
   check_launch(gpu::p2v_assign(keys.const_data_ptr<int64_t>(), n, first.const_data_ptr<int32_t>(),
                                rank.const_data_ptr<int32_t>(), hkeys.const_data_ptr<int64_t>(),
                                hvals.mutable_data_ptr<int32_t>(), cap, max_num_voxels, spec.ndim, spec.grid,
@@ -55,8 +55,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> point_to_voxel_gpu(
   const at::Tensor& sorted_vid = std::get<0>(sorted);
   const at::Tensor& perm = std::get<1>(sorted);
   at::Tensor seg_start = at::empty({m}, opts.dtype(at::kLong));
-  at::Tensor voxels = at::zeros({m, max_num_points_per_voxel, c}, opts);
-  at::Tensor num_per_voxel = at::empty({m}, opts.dtype(at::kInt));
   check_launch(gpu::p2v_fill(gpu_dtype(points.scalar_type()), points.const_data_ptr(), c,
                              sorted_vid.const_data_ptr<int64_t>(), perm.const_data_ptr<int64_t>(), n, m,
                              max_num_points_per_voxel, empty_mean, seg_start.mutable_data_ptr<int64_t>(),

@@ -2,7 +2,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
-#include "../checks.h"
+#include "checks.h"
 
 namespace spconv {
 namespace ops {
@@ -18,6 +18,13 @@ inline void check_fused_map_args(const at::Tensor& pair_in, const at::Tensor& pa
   TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= std::min(kMaxFusedSplits, kvol), "num_splits must be in [1, ",
                     std::min(kMaxFusedSplits, kvol), "] for kvol=", kvol, ", got ", num_splits);
   TORCH_CHECK_VALUE(num_rows * kvol < (int64_t{1} << 40), "neighbour table too large: ", num_rows, " x ", kvol);
+}
+
+// A neighbour table holds one input per (output, offset): a map repeating an output at one offset (duplicate
+// input coordinates) can't be one table. The Python route splits such maps into rounds first.
+inline void check_no_repeated_output(bool repeated) {
+  TORCH_CHECK_VALUE(!repeated, "build_fused_map: two pairs share an output row at one kernel offset (duplicate ",
+                    "input coordinates); split the map with spconv.pytorch.pair_rounds.split_rounds first");
 }
 
 inline void check_fused_conv_args(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr,
@@ -38,6 +45,30 @@ inline void check_fused_conv_args(const at::Tensor& features, const at::Tensor& 
   TORCH_CHECK_VALUE(nbr.device() == features.device() && masks.device() == features.device() &&
                         order.device() == features.device(),
                     "nbr, masks and order must be on the features' device ", features.device());
+}
+
+// The table entries index the features and `order` picks the rows each tile writes: entries of nbr in
+// [-1, num_in), and each split's order a permutation of [0, num_rows) (a row taken twice would be written by
+// two tiles). One device->host copy of four numbers for tables on a GPU.
+inline void check_fused_tables(const at::Tensor& nbr, const at::Tensor& order, int64_t num_in) {
+  const int64_t n = nbr.size(0);
+  if (n == 0) return;
+  auto nbr_mm = at::aminmax(nbr);
+  at::Tensor o = order.to(at::kLong);
+  auto order_mm = at::aminmax(o);
+  // Times each row is taken per split; indices clamped so that a bad order is reported, not indexed with.
+  at::Tensor taken = at::zeros({order.size(0), n}, o.options());
+  taken.scatter_add_(1, o.clamp(0, n - 1), at::ones_like(o));
+  auto taken_mm = at::aminmax(taken);
+  const at::Tensor h = at::stack({std::get<0>(nbr_mm).to(at::kLong), std::get<1>(nbr_mm).to(at::kLong),
+                                  std::get<0>(order_mm), std::get<1>(order_mm), std::get<0>(taken_mm),
+                                  std::get<1>(taken_mm)})
+                           .cpu();
+  const int64_t* v = h.const_data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(v[0] >= -1 && v[1] < num_in, "nbr holds rows outside [-1, ", num_in,
+                    ") (the features' rows): min ", v[0], ", max ", v[1]);
+  TORCH_CHECK_VALUE(v[2] >= 0 && v[3] < n && v[4] == 1 && v[5] == 1, "each row of order must be a permutation of [0, ",
+                    n, "): values in [", v[2], ", ", v[3], "], some row taken ", v[5] != 1 ? v[5] : v[4], " times");
 }
 
 inline void check_fused_dfilter_args(const at::Tensor& features, const at::Tensor& out_grad,
