@@ -69,6 +69,11 @@ def split_rounds(maps) -> List:
     cached = maps.cache.get(_CACHE_KEY)
     if cached is not None:
         return cached
+    if torch.compiler.is_compiling():
+        # The number of rounds is data: a traced graph (torch.compile, torch.export) takes the map as one round.
+        # The fused route's table builder refuses a repeated (output, offset) at run time; the native GPU route
+        # and GPU pooling in a traced graph need unique input coordinates (README, Deploy).
+        return [maps]
     rev = getattr(maps, "_reversed", None)
     if getattr(maps, "repeat_free", False):
         parts = [maps]
