@@ -26,7 +26,8 @@ def random_coords(shape, batch, n, seed):
     return torch.stack(cols[::-1], 1).int()
 
 
-def make_map(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True, transpose=False, seed=0):
+def map_geometry(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True, transpose=False, seed=0):
+    """Random indices and the get_indice_pairs arguments after them, for one conv geometry."""
     nd = len(shape)
     ks, st, pd, dl = ([v] * nd if isinstance(v, int) else list(v) for v in (ksize, stride, padding, dilation))
     if subm:
@@ -36,8 +37,12 @@ def make_map(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True,
     else:
         out_shape = [(s + 2 * p - d * (k - 1) - 1) // t + 1 for s, k, t, p, d in zip(shape, ks, st, pd, dl)]
     idx = random_coords(shape, batch, n, seed)
-    out_idx, pin, pout, poff = ops.get_indice_pairs(idx, batch, list(shape), out_shape, ks, st, pd, dl, subm,
-                                                    transpose)
+    return idx, (batch, list(shape), out_shape, ks, st, pd, dl, subm, transpose)
+
+
+def make_map(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True, transpose=False, seed=0):
+    idx, args = map_geometry(shape, batch, n, ksize, stride, padding, dilation, subm, transpose, seed)
+    out_idx, pin, pout, poff = ops.get_indice_pairs(idx, *args)
     return idx, out_idx, Maps(pin, pout, poff, idx.shape[0], out_idx.shape[0])
 
 

@@ -5,7 +5,7 @@ GPU thread is a fiber here."""
 import pytest
 import torch
 
-from test_fused_cpu import Maps, random_coords, sorted_pairs
+from test_fused_cpu import Maps, map_geometry, random_coords, sorted_pairs
 
 pytestmark = pytest.mark.hip_cpu
 
@@ -26,22 +26,9 @@ MAPS = {
 }
 
 
-def geometry(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True, transpose=False, seed=0):
-    nd = len(shape)
-    ks, st, pd, dl = ([v] * nd if isinstance(v, int) else list(v) for v in (ksize, stride, padding, dilation))
-    if subm:
-        out_shape = list(shape)
-    elif transpose:
-        out_shape = [(s - 1) * t - 2 * p + d * (k - 1) + 1 for s, k, t, p, d in zip(shape, ks, st, pd, dl)]
-    else:
-        out_shape = [(s + 2 * p - d * (k - 1) - 1) // t + 1 for s, k, t, p, d in zip(shape, ks, st, pd, dl)]
-    idx = random_coords(shape, batch, n, seed)
-    return idx, (batch, list(shape), out_shape, ks, st, pd, dl, subm, transpose)
-
-
 def both_maps(name):
     """(indices, CPU result, GPU-code result) of get_indice_pairs for one geometry."""
-    idx, args = geometry(**MAPS[name])
+    idx, args = map_geometry(**MAPS[name])
     return idx, cpu.get_indice_pairs(idx, *args), hip_ops().get_indice_pairs(idx, *args)
 
 
@@ -188,7 +175,7 @@ def test_fused_forward_dinput_dfilter(case, dtype, splits):
 
 def test_fused_dfilter_split_k():
     """Enough pairs per offset (> 4096) for the glue to split K into several workspace chunks."""
-    idx, args = geometry(shape=[24, 24, 24], batch=1, n=9000, ksize=1)
+    idx, args = map_geometry(shape=[24, 24, 24], batch=1, n=9000, ksize=1)
     res = cpu.get_indice_pairs(idx, *args)
     m = as_maps(res, idx.shape[0])
     x, _, dy = fused_inputs(m, 8, 8, torch.float32)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import _TOOLS, hip_cpu_library
-from test_hip_cpu_ops import TOL, as_maps, fused_inputs, geometry, native_f64, rel_err
+from test_hip_cpu_ops import TOL, as_maps, fused_inputs, map_geometry, native_f64, rel_err
 
 sys.path.insert(0, _TOOLS)
 import hip_cpu_build  # noqa: E402
@@ -35,7 +35,7 @@ CASES = {
 def run_fused(ops, case, dtype, splits=2):
     """(forward, dinput, dfilter) of ops on the case's inputs, plus the inputs' maps for a reference."""
     cin, cout, geo = CASES[case]
-    idx, args = geometry(**geo)
+    idx, args = map_geometry(**geo)
     m = as_maps(cpu.get_indice_pairs(idx, *args), idx.shape[0])
     x, w, dy = fused_inputs(m, cin, cout, dtype)
     s = min(splits, m.pair_offsets.numel() - 1)
