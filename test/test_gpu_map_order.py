@@ -4,24 +4,17 @@ import pytest
 import torch
 
 import spconv._backend  # noqa: F401
+from test_fused_cpu import random_coords
 
 
 ops = torch.ops.spconv
 
 
 def coords(shape, batch, n, seed, dups=0):
-    g = torch.Generator().manual_seed(seed)
-    vol = batch
-    for s in shape:
-        vol *= s
-    flat = torch.randperm(vol, generator=g)[:n]
-    flat = torch.cat([flat, flat[:dups]])[torch.randperm(n + dups, generator=g)]
-    cols = []
-    for s in reversed(shape):
-        cols.append(flat % s)
-        flat = flat // s
-    cols.append(flat)
-    return torch.stack(cols[::-1], 1).int()
+    """n distinct random sites, the first `dups` of them repeated, in random order."""
+    idx = random_coords(shape, batch, n, seed)
+    idx = torch.cat([idx, idx[:dups]])
+    return idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(seed + 1))]
 
 
 CASES = {
