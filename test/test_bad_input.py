@@ -258,7 +258,7 @@ def test_nan_inf_propagate_like_dense(value):
 
 def _good_map():
     x = random_sparse(3, [6, 6, 6], 1, 4, density=0.3, seed=3)
-    _, pin, pout, poff = torch.ops.spconv.get_indice_pairs(x.indices, 1, [6, 6, 6], [6, 6, 6], [3, 3, 3],
+    _, pin, pout, poff, _, _ = torch.ops.spconv.get_indice_pairs(x.indices, 1, [6, 6, 6], [6, 6, 6], [3, 3, 3],
                                                            [1, 1, 1], [1, 1, 1], [1, 1, 1], True, False)
     return x.features, pin, pout, poff
 

@@ -203,7 +203,7 @@ def test_sparse_conv_tensor_api():
 
 def _op_samples():
     x = random_sparse(3, [6, 5, 6], 2, 3, density=0.3, seed=13)
-    out_idx, pi, po, off = torch.ops.spconv.get_indice_pairs(x.indices, 2, [6, 5, 6], [3, 3, 3], [3, 3, 3],
+    out_idx, pi, po, off, _, _ = torch.ops.spconv.get_indice_pairs(x.indices, 2, [6, 5, 6], [3, 3, 3], [3, 3, 3],
                                                              [2, 2, 2], [1, 1, 1], [1, 1, 1], False, False)
     filters = torch.randn(27, 3, 4, requires_grad=True)
     return x, out_idx, pi, po, off, filters

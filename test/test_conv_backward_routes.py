@@ -50,12 +50,12 @@ def test_backward_routes(case, dtype):
     p = CASES[case]
     ind = _voxels(p["shape"], p["n"], seed=3)
     if p["subm"]:
-        _, pin, pout, poff = ops.get_indice_pairs(ind, 1, p["shape"], p["shape"], [3, 3, 3], [1, 1, 1], [1, 1, 1],
+        _, pin, pout, poff, _, _ = ops.get_indice_pairs(ind, 1, p["shape"], p["shape"], [3, 3, 3], [1, 1, 1], [1, 1, 1],
                                                   [1, 1, 1], True, False)
         n_out = p["n"]
     else:
         out_shape = [(s - 1) // 2 + 1 for s in p["shape"]]
-        out_ind, pin, pout, poff = ops.get_indice_pairs(ind, 1, p["shape"], out_shape, [3, 3, 3], [2, 2, 2],
+        out_ind, pin, pout, poff, _, _ = ops.get_indice_pairs(ind, 1, p["shape"], out_shape, [3, 3, 3], [2, 2, 2],
                                                         [1, 1, 1], [1, 1, 1], False, False)
         n_out = out_ind.shape[0]
     g = torch.Generator().manual_seed(0)

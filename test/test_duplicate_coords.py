@@ -38,7 +38,7 @@ def conv_map(idx, shape, ksize=3, stride=2, padding=1, transpose=False, op=ops):
         out_shape = [(s - 1) * stride - 2 * padding + ksize for s in shape]
     else:
         out_shape = [(s + 2 * padding - (ksize - 1) - 1) // stride + 1 for s in shape]
-    out_idx, pin, pout, poff = op.get_indice_pairs(idx, 1, list(shape), out_shape, [ksize] * nd, [stride] * nd,
+    out_idx, pin, pout, poff, _, _ = op.get_indice_pairs(idx, 1, list(shape), out_shape, [ksize] * nd, [stride] * nd,
                                                    [padding] * nd, [1] * nd, False, transpose)
     return out_idx, PairMaps(pin, pout, poff, idx.shape[0], out_idx.shape[0])
 

@@ -42,7 +42,7 @@ def map_geometry(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=T
 
 def make_map(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True, transpose=False, seed=0):
     idx, args = map_geometry(shape, batch, n, ksize, stride, padding, dilation, subm, transpose, seed)
-    out_idx, pin, pout, poff = ops.get_indice_pairs(idx, *args)
+    out_idx, pin, pout, poff, _, _ = ops.get_indice_pairs(idx, *args)
     return idx, out_idx, Maps(pin, pout, poff, idx.shape[0], out_idx.shape[0])
 
 

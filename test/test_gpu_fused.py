@@ -55,7 +55,7 @@ def gpu_map(case):
 # ---- kernel maps ----
 @pytest.mark.parametrize("case", sorted(GPU_CASES))
 def test_kernel_map_matches_cpu(case):
-    idx, out_idx, m, (g_out, g_pin, g_pout, g_poff) = gpu_map(case)
+    idx, out_idx, m, (g_out, g_pin, g_pout, g_poff, g_info, _) = gpu_map(case)
     assert g_pin.device.type == g_pout.device.type == g_poff.device.type == torch.device(DEV).type
     assert torch.equal(g_poff.cpu(), m.pair_offsets)
     if GPU_CASES[case].get("subm", True):
@@ -85,7 +85,7 @@ def test_kernel_map_duplicate_and_empty():
         ops.get_indice_pairs(bad, 1, [4, 4, 4], [4, 4, 4], [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False)
     empty = torch.zeros(0, 4, dtype=torch.int32, device=DEV)
     for subm in (True, False):
-        out, pin, pout, poff = ops.get_indice_pairs(empty, 1, [4, 4, 4], [2, 2, 2], [3] * 3, [2] * 3, [1] * 3,
+        out, pin, pout, poff, _, _ = ops.get_indice_pairs(empty, 1, [4, 4, 4], [2, 2, 2], [3] * 3, [2] * 3, [1] * 3,
                                                     [1] * 3, subm, False) if not subm else ops.get_indice_pairs(
             empty, 1, [4, 4, 4], [4, 4, 4], [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False)
         assert out.shape[0] == 0 and pin.numel() == 0 and poff.shape == (28,) and int(poff[-1]) == 0

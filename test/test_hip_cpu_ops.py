@@ -45,7 +45,7 @@ def _ops(hip_cpu):
 
 
 def as_maps(res, num_in):
-    out_idx, pin, pout, poff = res
+    out_idx, pin, pout, poff = res[:4]
     return Maps(pin, pout, poff, num_in, out_idx.shape[0])
 
 
@@ -59,12 +59,14 @@ def coord_keys(t):
 # ---- kernel maps ----
 @pytest.mark.parametrize("name", sorted(MAPS))
 def test_kernel_map_pairs(name):
-    idx, (c_out, c_pin, c_pout, c_poff), (g_out, g_pin, g_pout, g_poff) = both_maps(name)
+    idx, (c_out, c_pin, c_pout, c_poff, c_info, c_tab), (g_out, g_pin, g_pout, g_poff, g_info, g_tab) = both_maps(name)
     assert torch.equal(g_poff, c_poff)
+    assert torch.equal(g_info, c_info)  # host record: offsets, row counts, repeat-free flag
     assert g_out.shape == c_out.shape and g_out.dtype == c_out.dtype
     if MAPS[name].get("subm", True):
         # SubM: the outputs are the input rows; same pairs in the same order
         assert torch.equal(g_out, idx) and torch.equal(g_pin, c_pin) and torch.equal(g_pout, c_pout)
+        assert torch.equal(g_tab, c_tab)  # the neighbour table the fused route takes as its forward table
         return
     # regular / transposed: same output coordinate set, same (input, output coordinate) pairs per offset
     ck, gk = coord_keys(c_out), coord_keys(g_out)
@@ -77,8 +79,9 @@ def test_kernel_map_pairs(name):
 
 @pytest.mark.parametrize("name", ["conv_s2", "deconv"])
 def test_kernel_map_output_order(name):
-    _, (c_out, c_pin, c_pout, _), (g_out, g_pin, g_pout, _) = both_maps(name)
+    _, (c_out, c_pin, c_pout, *c_rest), (g_out, g_pin, g_pout, *g_rest) = both_maps(name)
     assert torch.equal(g_out, c_out) and torch.equal(g_pin, c_pin) and torch.equal(g_pout, c_pout)
+    assert all(torch.equal(g, c) for g, c in zip(g_rest, c_rest))  # offsets, map_info, the table by input
 
 
 def test_kernel_map_errors_and_empty():

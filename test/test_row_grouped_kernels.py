@@ -31,7 +31,7 @@ def _with_threads(threads, fn):
 def _pool_pairs(kernel, stride, padding, seed=0):
     x = random_sparse(3, SHAPE, 2, 1, density=0.35, seed=seed)
     out_shape = [(s + 2 * padding - kernel) // stride + 1 for s in SHAPE]
-    out_ind, pin, pout, po = ops.get_indice_pairs(x.indices, 2, SHAPE, out_shape, [kernel] * 3, [stride] * 3,
+    out_ind, pin, pout, po, _, _ = ops.get_indice_pairs(x.indices, 2, SHAPE, out_shape, [kernel] * 3, [stride] * 3,
                                                   [padding] * 3, [1] * 3, False, False)
     return x.indices.shape[0], out_ind.shape[0], pin, pout, po
 

@@ -409,6 +409,7 @@ void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bo
   const SortedRows s = sort_rows(indices, n, g);
   const Candidates cand = list_candidates(indices, g, transpose, s, n);
   map.rows_are_outputs = false;
+  map.repeat_free = first_repeated_row(s, n) < 0;
   map.table.reset(new int32_t[static_cast<size_t>(n * kvol)]);
   int32_t* table = map.table.get();
   at::parallel_for(0, n * kvol, 1 << 18, [&](int64_t b, int64_t e) { std::fill(table + b, table + e, -1); });

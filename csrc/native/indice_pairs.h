@@ -16,6 +16,8 @@ struct KernelMap {
   // Subm: rows are outputs, partners inputs. Regular/transposed: rows are inputs, partners outputs.
   std::unique_ptr<int32_t[]> table;  // uninitialised on allocation: the builders write every entry
   bool rows_are_outputs = false;
+  // No row repeats within one offset (no two inputs share a coordinate): the GPU kernels' precondition.
+  bool repeat_free = true;
 };
 
 // Submanifold: outputs are the inputs. Returns the row of the first duplicate coordinate, or -1.

@@ -7,6 +7,15 @@
 namespace spconv {
 namespace ops {
 
+static std::atomic<int64_t> host_copies{0};
+
+at::Tensor to_host(const at::Tensor& t) {
+  host_copies.fetch_add(1, std::memory_order_relaxed);
+  return t.cpu();
+}
+
+int64_t host_copy_count() { return host_copies.load(std::memory_order_relaxed); }
+
 void check_indices(const at::Tensor& indices, int64_t ndim) {
   TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt, "indices must be int32, got ", indices.scalar_type());
   TORCH_CHECK_VALUE(indices.dim() == 2 && indices.size(1) == ndim + 1, "indices must have shape [N, ", ndim + 1,
@@ -45,7 +54,7 @@ ConvGeometry make_geometry(int64_t ndim, at::IntArrayRef spatial_shape, at::IntA
   return g;
 }
 
-static void check_grid_volume(int64_t batch_size, const ConvGeometry& g) {
+void check_grid_volume(int64_t batch_size, const ConvGeometry& g) {
   TORCH_CHECK_VALUE(batch_size >= 1, "batch_size must be >= 1, got ", batch_size);
   // Keys pack (batch, coordinates) into an int64: batch_size x grid volume must fit, else keys collide.
   for (const int32_t* shape : {g.in_shape, g.out_shape}) {
@@ -85,16 +94,20 @@ void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const 
   }
 }
 
-void check_coordinates_on_device(const at::Tensor& indices, int64_t batch_size, const ConvGeometry& g) {
+at::Tensor coordinate_extremes(const at::Tensor& indices) {
+  if (indices.size(0) == 0) return at::empty({0}, indices.options().dtype(at::kLong));
+  auto lo = std::get<0>(indices.min(0)), hi = std::get<0>(indices.max(0));
+  return at::cat({lo, hi}).to(at::kLong);
+}
+
+void check_coordinate_extremes(const int64_t* v, const at::Tensor& indices, int64_t batch_size,
+                               const ConvGeometry& g) {
   check_grid_volume(batch_size, g);
   if (indices.size(0) == 0) return;
-  auto lo = std::get<0>(indices.min(0)), hi = std::get<0>(indices.max(0));
-  const at::Tensor h = at::cat({lo, hi}).to(at::kLong).cpu();  // [2 * (ndim + 1)]
-  const int64_t* v = h.const_data_ptr<int64_t>();
   const int64_t w = indices.size(1);
   bool ok = v[0] >= 0 && v[w] < batch_size;
   for (int d = 0; d < g.ndim; ++d) ok = ok && v[1 + d] >= 0 && v[w + 1 + d] < g.in_shape[d];
-  if (!ok) check_coordinates(indices.cpu().contiguous(), batch_size, g);  // raises, naming the first bad row
+  if (!ok) check_coordinates(to_host(indices).contiguous(), batch_size, g);  // raises, naming the first bad row
 }
 
 void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
@@ -124,9 +137,37 @@ void check_pair_layout_host(const int64_t* offsets, int64_t kvol, int64_t npairs
                     "): min ", extremes[2], ", max ", extremes[3]);
 }
 
+at::Tensor make_map_info(const at::Tensor& offsets_host, int64_t in_rows, int64_t out_rows, bool repeat_free) {
+  at::Tensor extras = at::tensor({in_rows, out_rows, int64_t{repeat_free}}, at::dtype(at::kLong));
+  return at::cat({offsets_host.to(at::kLong).reshape({-1}), extras});
+}
+
+std::optional<MapInfo> read_map_info(const std::optional<at::Tensor>& map_info, int64_t kvol, int64_t npairs) {
+  if (!map_info.has_value() || !map_info->defined()) return std::nullopt;
+  const at::Tensor& t = *map_info;
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == 1 &&
+                        t.size(0) == kvol + 1 + kMapInfoExtras,
+                    "map_info must be a CPU int64 tensor [kvol + 4 = ", kvol + 1 + kMapInfoExtras,
+                    "] (as get_indice_pairs returns it), got ", t.scalar_type(), " ", t.sizes(), " on ", t.device());
+  at::Tensor c = t.contiguous();
+  const int64_t* h = c.const_data_ptr<int64_t>();
+  check_pair_layout_host(h, kvol, npairs < 0 ? h[kvol] : npairs, nullptr, 0, 0);
+  const int64_t in_rows = h[kvol + 1], out_rows = h[kvol + 2];
+  TORCH_CHECK_VALUE(in_rows >= 0 && out_rows >= 0, "map_info row counts must be >= 0, got ", in_rows, " and ",
+                    out_rows);
+  return MapInfo{c.narrow(0, 0, kvol + 1), in_rows, out_rows, h[kvol + 3] != 0};
+}
+
 HostPairOffsets check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
-                                int64_t num_in, int64_t num_out, const at::Tensor& extra) {
+                                int64_t num_in, int64_t num_out, const std::optional<at::Tensor>& map_info,
+                                const at::Tensor& extra) {
   const int64_t kvol = pair_offsets.size(0) - 1, npairs = pair_in.size(0);
+  if (auto info = read_map_info(map_info, kvol, npairs)) {
+    TORCH_CHECK_VALUE(npairs == 0 || (info->in_rows <= num_in && info->out_rows <= num_out), "map_info says ",
+                      "the pairs index ", info->in_rows, " input and ", info->out_rows, " output rows, but there are ",
+                      num_in, " and ", num_out);
+    return {info->offsets, at::Tensor()};
+  }
   std::vector<at::Tensor> parts{pair_offsets.contiguous()};
   if (extra.defined()) parts.push_back(extra.to(at::kLong).reshape({-1}));
   if (npairs > 0) {
@@ -134,7 +175,7 @@ HostPairOffsets check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pai
     parts.push_back(at::stack({std::get<0>(in_mm), std::get<1>(in_mm), std::get<0>(out_mm), std::get<1>(out_mm)})
                         .to(at::kLong));
   }
-  const at::Tensor host = parts.size() == 1 ? parts[0].cpu() : at::cat(parts).cpu();
+  const at::Tensor host = to_host(parts.size() == 1 ? parts[0] : at::cat(parts));
   const int64_t n_extra = extra.defined() ? extra.numel() : 0;
   const int64_t* h = host.const_data_ptr<int64_t>();
   check_pair_layout_host(h, kvol, npairs, npairs > 0 ? h + kvol + 1 + n_extra : nullptr, num_in, num_out);

@@ -3,12 +3,18 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <vector>
 
 #include "spconv/coords.h"
 
 namespace spconv {
 namespace ops {
+
+// Every device->host copy the op glue makes goes through to_host, so that tests of the GPU path can count them
+// (the host_copy_count op: the copies this op library made since it was loaded, CPU tensors included).
+at::Tensor to_host(const at::Tensor& t);
+int64_t host_copy_count();
 
 void check_indices(const at::Tensor& indices, int64_t ndim);
 
@@ -17,12 +23,19 @@ ConvGeometry make_geometry(int64_t ndim, at::IntArrayRef spatial_shape, at::IntA
                            at::IntArrayRef ksize, at::IntArrayRef stride, at::IntArrayRef padding,
                            at::IntArrayRef dilation);
 
+// batch_size >= 1 and batch_size x each grid volume below 2^63 (the packed int64 coordinate keys).
+void check_grid_volume(int64_t batch_size, const ConvGeometry& g);
+
 // Every coordinate inside spatial_shape and every batch index in [0, batch_size): runs on the CPU
 // copy of the indices (the GPU glue passes one).
 void check_coordinates(const at::Tensor& indices_cpu, int64_t batch_size, const ConvGeometry& g);
-// The same checks for indices on any device, copying only the per-column extremes to the host (and the indices
+// The same checks for indices on any device in two steps, so that a GPU caller can fold the one device->host copy
+// into its own: coordinate_extremes gives the per-column minima then maxima (int64 [2 * (ndim + 1)], on the
+// indices' device; empty for no rows), check_coordinate_extremes reads their host copy (and copies the indices
 // only when a check fails, for the message).
-void check_coordinates_on_device(const at::Tensor& indices, int64_t batch_size, const ConvGeometry& g);
+at::Tensor coordinate_extremes(const at::Tensor& indices);
+void check_coordinate_extremes(const int64_t* extremes_host, const at::Tensor& indices, int64_t batch_size,
+                               const ConvGeometry& g);
 
 void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
                  const at::Tensor& features);
@@ -32,16 +45,34 @@ void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at
 void check_pair_layout_host(const int64_t* offsets, int64_t kvol, int64_t npairs, const int64_t* extremes,
                             int64_t num_in, int64_t num_out);
 
+// map_info: what get_indice_pairs knows of the map it built, on the host, so that the ops using the map need no
+// device->host copy to check it. int64 [kvol + 4] on the CPU: pair_offsets, then in_rows and out_rows (every
+// pair_in < in_rows, every pair_out < out_rows) and repeat_free (1: no row repeats within one offset on either
+// side, i.e. no duplicate input coordinates). An op given map_info trusts it to describe its pairs (and, for
+// indice_avgpool_backward, `count` to be indice_avgpool's over the same map): it checks only what the host can.
+constexpr int64_t kMapInfoExtras = 3;
+struct MapInfo {
+  at::Tensor offsets;  // int64 [kvol + 1] on the CPU (a view of map_info)
+  int64_t in_rows, out_rows;
+  bool repeat_free;
+};
+at::Tensor make_map_info(const at::Tensor& offsets_host, int64_t in_rows, int64_t out_rows, bool repeat_free);
+// Checks map_info's dtype, device, size and layout against kvol and the number of pairs (host only; npairs < 0:
+// not known to the caller).
+std::optional<MapInfo> read_map_info(const std::optional<at::Tensor>& map_info, int64_t kvol, int64_t npairs);
+
 struct HostPairOffsets {
   at::Tensor offsets;  // int64 [kvol + 1] on the CPU
-  at::Tensor extra;    // the host copy of `extra` (empty when none was given)
+  at::Tensor extra;    // the host copy of `extra` (empty when none was given, or when map_info was)
 };
 
 // check_pair_layout_host on tensors, so a bad kernel map fails with a message instead of reading or writing
-// out of bounds. Pairs on a GPU cost one device->host copy, which also carries `extra` (1-D int64, on the
-// pairs' device) for the caller's own checks.
+// out of bounds. With map_info: host checks only (its rows against num_in / num_out). Without, pairs on a GPU
+// cost one device->host copy, which also carries `extra` (1-D int64, on the pairs' device) for the caller's
+// own checks.
 HostPairOffsets check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
-                                int64_t num_in, int64_t num_out, const at::Tensor& extra = at::Tensor());
+                                int64_t num_in, int64_t num_out, const std::optional<at::Tensor>& map_info,
+                                const at::Tensor& extra = at::Tensor());
 
 void check_features(const at::Tensor& features, const char* name);
 

@@ -20,6 +20,16 @@ inline void check_fused_map_args(const at::Tensor& pair_in, const at::Tensor& pa
   TORCH_CHECK_VALUE(num_rows * kvol < (int64_t{1} << 40), "neighbour table too large: ", num_rows, " x ", kvol);
 }
 
+// fused_map_masks: any int32 [num_rows, kvol] table (its entries are only compared with 0).
+inline void check_fused_masks_args(const at::Tensor& nbr, int64_t num_splits) {
+  TORCH_CHECK_TYPE(nbr.scalar_type() == at::kInt, "nbr must be int32, got ", nbr.scalar_type());
+  TORCH_CHECK_VALUE(nbr.dim() == 2 && nbr.size(1) >= 1, "nbr must be [num_rows, kvol], got ", nbr.sizes());
+  TORCH_CHECK_VALUE(nbr.size(0) < (int64_t{1} << 31), "nbr has too many rows for int32 row ids: ", nbr.size(0));
+  const int64_t kvol = nbr.size(1);
+  TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= std::min(kMaxFusedSplits, kvol), "num_splits must be in [1, ",
+                    std::min(kMaxFusedSplits, kvol), "] for kvol=", kvol, ", got ", num_splits);
+}
+
 // A neighbour table holds one input per (output, offset): a map repeating an output at one offset (duplicate
 // input coordinates) can't be one table. The Python route splits such maps into rounds first.
 inline void check_no_repeated_output(bool repeated) {
@@ -49,9 +59,17 @@ inline void check_fused_conv_args(const at::Tensor& features, const at::Tensor& 
 
 // The table entries index the features and `order` picks the rows each tile writes: entries of nbr in
 // [-1, num_in), and each split's order a permutation of [0, num_rows) (a row taken twice would be written by
-// two tiles). One device->host copy of four numbers for tables on a GPU.
-inline void check_fused_tables(const at::Tensor& nbr, const at::Tensor& order, int64_t num_in) {
+// two tiles). One device->host copy of six numbers for tables on a GPU; none with map_info (the info of the map
+// build_fused_map made the tables from, whose rows it bounds: the tables are trusted to be that op's).
+inline void check_fused_tables(const at::Tensor& nbr, const at::Tensor& order, int64_t num_in,
+                               const std::optional<at::Tensor>& map_info) {
   const int64_t n = nbr.size(0);
+  if (auto info = read_map_info(map_info, nbr.size(1), /*npairs=*/-1)) {
+    TORCH_CHECK_VALUE(info->in_rows <= num_in && info->out_rows <= n, "map_info says the tables index ",
+                      info->in_rows, " feature rows and ", info->out_rows, " table rows, but there are ", num_in,
+                      " and ", n);
+    return;
+  }
   if (n == 0) return;
   auto nbr_mm = at::aminmax(nbr);
   at::Tensor o = order.to(at::kLong);
@@ -60,10 +78,9 @@ inline void check_fused_tables(const at::Tensor& nbr, const at::Tensor& order, i
   at::Tensor taken = at::zeros({order.size(0), n}, o.options());
   taken.scatter_add_(1, o.clamp(0, n - 1), at::ones_like(o));
   auto taken_mm = at::aminmax(taken);
-  const at::Tensor h = at::stack({std::get<0>(nbr_mm).to(at::kLong), std::get<1>(nbr_mm).to(at::kLong),
-                                  std::get<0>(order_mm), std::get<1>(order_mm), std::get<0>(taken_mm),
-                                  std::get<1>(taken_mm)})
-                           .cpu();
+  const at::Tensor h = to_host(at::stack({std::get<0>(nbr_mm).to(at::kLong), std::get<1>(nbr_mm).to(at::kLong),
+                                          std::get<0>(order_mm), std::get<1>(order_mm), std::get<0>(taken_mm),
+                                          std::get<1>(taken_mm)}));
   const int64_t* v = h.const_data_ptr<int64_t>();
   TORCH_CHECK_VALUE(v[0] >= -1 && v[1] < num_in, "nbr holds rows outside [-1, ", num_in,
                     ") (the features' rows): min ", v[0], ", max ", v[1]);

@@ -1,5 +1,7 @@
 #include "hash_checks.h"
 
+#include "checks.h"
+
 namespace spconv {
 namespace ops {
 
@@ -46,7 +48,7 @@ void check_hash_keys(const at::Tensor& table_keys, const at::Tensor& table_value
   if (keys.numel() > 0) {
     const bool is_int32 = keys.scalar_type() == at::kInt;
     const int64_t marker = is_int32 ? std::numeric_limits<int32_t>::max() : std::numeric_limits<int64_t>::max();
-    TORCH_CHECK_VALUE(!keys.eq(marker).any().item<bool>(), "keys must not contain ", marker,
+    TORCH_CHECK_VALUE(!to_host(keys.eq(marker).any()).item<bool>(), "keys must not contain ", marker,
                       " (the largest ", keys.scalar_type(), ", reserved to mark empty slots)");
   }
 }

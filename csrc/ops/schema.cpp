@@ -5,26 +5,36 @@
 #include <torch/library.h>
 
 #include "build_info.h"
+#include "checks.h"
 #include "op_library.h"
 
 SPCONV_SCHEMA(m) {
   m.def("build_info() -> str", &spconv::build_info_json);
+  // Device->host copies this library's op glue made since it was loaded (tests of the GPU path's syncs).
+  m.def("host_copy_count() -> int", &spconv::ops::host_copy_count);
 
   // ---- kernel maps ----
   // Pairs grouped by kernel offset: pair_in[p] feeds pair_out[p] through the offset k with
   // pair_offsets[k] <= p < pair_offsets[k + 1]. out_indices is the input for subm.
+  // map_info (int64 [kvol + 4], always on the CPU): pair_offsets, the input and output row counts the pairs
+  // index below, and 1 when no row repeats within an offset (no duplicate input coordinates; 0: unknown).
+  // The ops below take it as their optional last argument: given it, they check the map on the host and copy
+  // nothing from the device (csrc/ops/checks.h). A GPU map costs one device->host copy, when it is built.
+  // table [N, kvol] int32: the builder's neighbour table the pairs were compacted from (-1 = none). Subm: row o,
+  // offset k holds the input feeding output o (the fused route's forward table). Regular/transposed: row i holds
+  // the output input i feeds (the fused table of the reversed map: dinput, inverse conv).
   m.def(
       "get_indice_pairs(Tensor indices, int batch_size, int[] spatial_shape, int[] out_shape, int[] ksize, "
       "int[] stride, int[] padding, int[] dilation, bool subm, bool transpose) "
-      "-> (Tensor out_indices, Tensor pair_in, Tensor pair_out, Tensor pair_offsets)");
+      "-> (Tensor out_indices, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, Tensor map_info, Tensor table)");
 
   // ---- native route: gather -> GEMM -> scatter; filters [kvol, Cin, Cout] ----
   m.def(
       "indice_conv(Tensor features, Tensor filters, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, "
-      "SymInt num_out) -> Tensor");
+      "SymInt num_out, Tensor? map_info=None) -> Tensor");
   m.def(
       "indice_conv_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor pair_in, Tensor pair_out, "
-      "Tensor pair_offsets) -> (Tensor, Tensor)");
+      "Tensor pair_offsets, Tensor? map_info=None) -> (Tensor, Tensor)");
 
   // ---- pooling, voxelization, hash table (see their sections below) ----
 
@@ -33,17 +43,17 @@ SPCONV_SCHEMA(m) {
   // result is max(0, window max)); the backward sends each gradient to the input of the first
   // offset whose value equals the output. Avg pool: mean over the window's active inputs; count is
   // the number of active inputs per output (int32), which the backward divides by.
-  m.def("indice_maxpool(Tensor features, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, SymInt num_out) "
-        "-> Tensor");
+  m.def("indice_maxpool(Tensor features, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, SymInt num_out, "
+        "Tensor? map_info=None) -> Tensor");
   m.def(
       "indice_maxpool_backward(Tensor features, Tensor out_features, Tensor out_grad, Tensor pair_in, "
-      "Tensor pair_out, Tensor pair_offsets) -> Tensor");
+      "Tensor pair_out, Tensor pair_offsets, Tensor? map_info=None) -> Tensor");
   m.def(
-      "indice_avgpool(Tensor features, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, SymInt num_out) "
-      "-> (Tensor, Tensor)");
+      "indice_avgpool(Tensor features, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, SymInt num_out, "
+      "Tensor? map_info=None) -> (Tensor, Tensor)");
   m.def(
       "indice_avgpool_backward(Tensor out_grad, Tensor count, Tensor pair_in, Tensor pair_out, "
-      "Tensor pair_offsets, SymInt num_in) -> Tensor");
+      "Tensor pair_offsets, SymInt num_in, Tensor? map_info=None) -> Tensor");
   // ---- end pooling ----
 
   // ---- fused route (section owner: gpu) ----
@@ -54,14 +64,19 @@ SPCONV_SCHEMA(m) {
   // [num_splits, num_rows] int32: the rows stably sorted by their mask read as unsigned. For dinput
   // pass the pairs swapped (pair_out, pair_in) and num_rows = number of inputs, and filters [kvol, Cout, Cin].
   m.def(
-      "build_fused_map(Tensor pair_in, Tensor pair_out, Tensor pair_offsets, SymInt num_rows, int num_splits) "
-      "-> (Tensor nbr, Tensor masks, Tensor order)");
+      "build_fused_map(Tensor pair_in, Tensor pair_out, Tensor pair_offsets, SymInt num_rows, int num_splits, "
+      "Tensor? map_info=None) -> (Tensor nbr, Tensor masks, Tensor order)");
+  // The masks and order of build_fused_map for a neighbour table made elsewhere (get_indice_pairs' table).
+  m.def("fused_map_masks(Tensor nbr, int num_splits) -> (Tensor masks, Tensor order)");
   // out[r] = sum_k features[nbr[r, k]] @ filters[k]; float32/float16/bfloat16 with fp32 accumulation.
-  m.def("fused_conv(Tensor features, Tensor filters, Tensor nbr, Tensor masks, Tensor order) -> Tensor");
+  // With map_info (of the map the tables were built from) the tables are trusted to be build_fused_map's.
+  m.def(
+      "fused_conv(Tensor features, Tensor filters, Tensor nbr, Tensor masks, Tensor order, Tensor? map_info=None) "
+      "-> Tensor");
   // dfilters[k] = sum over the pairs p of offset k of features[pair_in[p]]^T out_grad[pair_out[p]].
   m.def(
-      "fused_conv_dfilter(Tensor features, Tensor out_grad, Tensor pair_in, Tensor pair_out, Tensor pair_offsets) "
-      "-> Tensor");
+      "fused_conv_dfilter(Tensor features, Tensor out_grad, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, "
+      "Tensor? map_info=None) -> Tensor");
   // Which kernel body fused_conv runs for this tensor's device and dtype: reference, simt, wmma or mfma.
   m.def("fused_conv_path(Tensor features) -> str");
   // ---- end fused route ----

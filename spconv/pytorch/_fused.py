@@ -25,6 +25,9 @@ Eligibility (``fused_conv`` returns None otherwise and the caller takes the nati
     are used when Cin and Cout are multiples of 8, element loads otherwise);
   * the number of output rows matches the map, and num_out * kvol < 2**31 (int32 row ids in the table).
 
+The table itself is the kernel-map builder's where it made one in the right direction (``maps.out_table``:
+submanifold maps, and the reversed maps of regular / transposed convolutions); only its masks and order are
+computed (``fused_map_masks``). Other directions build it from the pairs (``build_fused_map``).
 Tables are cached in ``maps.cache`` (so layers sharing an ``indice_key`` build them once):
   ``maps.cache["fused_map_s{S}"] = (nbr, masks, order)`` for the forward, and the same key in
   ``maps.reversed().cache`` for dinput (which is also the forward table of the inverse convolution).
@@ -48,7 +51,7 @@ NUM_SPLITS = 1
 
 # ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----
 @_backend.register_fake("build_fused_map")
-def _build_fused_map_fake(pair_in, pair_out, pair_offsets, num_rows, num_splits):
+def _build_fused_map_fake(pair_in, pair_out, pair_offsets, num_rows, num_splits, map_info=None):
     kvol = pair_offsets.shape[0] - 1
     nbr = pair_in.new_empty((num_rows, kvol), dtype=torch.int32)
     masks = pair_in.new_empty((num_splits, num_rows), dtype=torch.int32)
@@ -56,17 +59,27 @@ def _build_fused_map_fake(pair_in, pair_out, pair_offsets, num_rows, num_splits)
     return nbr, masks, order
 
 
+@_backend.register_fake("fused_map_masks")
+def _fused_map_masks_fake(nbr, num_splits):
+    return (nbr.new_empty((num_splits, nbr.shape[0])), nbr.new_empty((num_splits, nbr.shape[0])))
+
+
 @_backend.register_fake("fused_conv")
-def _fused_conv_fake(features, filters, nbr, masks, order):
+def _fused_conv_fake(features, filters, nbr, masks, order, map_info=None):
     return features.new_empty((nbr.shape[0], filters.shape[2]))
 
 
 @_backend.register_fake("fused_conv_dfilter")
-def _fused_conv_dfilter_fake(features, out_grad, pair_in, pair_out, pair_offsets):
+def _fused_conv_dfilter_fake(features, out_grad, pair_in, pair_out, pair_offsets, map_info=None):
     return features.new_empty((pair_offsets.shape[0] - 1, features.shape[1], out_grad.shape[1]))
 
 
 # ---- tables ----
+def _info(maps):
+    """The map's host record for the ops (None: they check the map themselves, one device->host copy)."""
+    return getattr(maps, "map_info", None)
+
+
 def _reversed(maps):
     rev = getattr(maps, "reversed", None)
     if callable(rev):
@@ -74,7 +87,7 @@ def _reversed(maps):
     cached = maps.cache.get("fused_reversed_maps")
     if cached is None:
         cached = SimpleNamespace(pair_in=maps.pair_out, pair_out=maps.pair_in, pair_offsets=maps.pair_offsets,
-                                 num_in=maps.num_out, num_out=maps.num_in, cache={})
+                                 num_in=maps.num_out, num_out=maps.num_in, cache={}, map_info=None)
         maps.cache["fused_reversed_maps"] = cached
     return cached
 
@@ -86,7 +99,12 @@ def fused_tables(maps, num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor,
     key = "fused_map_s%d" % s
     tables = maps.cache.get(key)
     if tables is None:
-        tables = _backend.ops.build_fused_map(maps.pair_in, maps.pair_out, maps.pair_offsets, maps.num_out, s)
+        built = getattr(maps, "out_table", None)  # the map builder's own table, when it kept one
+        if built is not None:
+            tables = (built, *_backend.ops.fused_map_masks(built, s))
+        else:
+            tables = _backend.ops.build_fused_map(maps.pair_in, maps.pair_out, maps.pair_offsets, maps.num_out, s,
+                                                  _info(maps))
         maps.cache[key] = tables
     return tables
 
@@ -131,7 +149,7 @@ class FusedConvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, filters, maps, num_splits):
         nbr, masks, order = fused_tables(maps, num_splits)
-        out = _backend.ops.fused_conv(features, filters, nbr, masks, order)
+        out = _backend.ops.fused_conv(features, filters, nbr, masks, order, _info(maps))
         ctx.maps = maps
         ctx.num_splits = num_splits
         ctx.save_for_backward(features, filters)
@@ -145,10 +163,13 @@ class FusedConvFunction(torch.autograd.Function):
         grad_out = grad_out.to(features.dtype).contiguous()
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            nbr, masks, order = fused_tables(_reversed(maps), ctx.num_splits)
-            dx = _backend.ops.fused_conv(grad_out, filters.transpose(1, 2).contiguous(), nbr, masks, order)
+            rev = _reversed(maps)
+            nbr, masks, order = fused_tables(rev, ctx.num_splits)
+            dx = _backend.ops.fused_conv(grad_out, filters.transpose(1, 2).contiguous(), nbr, masks, order,
+                                         _info(rev))
         if ctx.needs_input_grad[1]:
-            dw = _backend.ops.fused_conv_dfilter(features, grad_out, maps.pair_in, maps.pair_out, maps.pair_offsets)
+            dw = _backend.ops.fused_conv_dfilter(features, grad_out, maps.pair_in, maps.pair_out, maps.pair_offsets,
+                                                 _info(maps))
         return dx, dw, None, None
 
 

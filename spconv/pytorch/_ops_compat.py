@@ -82,13 +82,14 @@ def _rounds(features: torch.Tensor, maps: PairMaps) -> List[PairMaps]:
 
 
 def _conv(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
-    return pair_rounds.sum_rounds([_ops.indice_conv(features, filters, p.pair_in, p.pair_out, p.pair_offsets, num_out)
+    return pair_rounds.sum_rounds([_ops.indice_conv(features, filters, p.pair_in, p.pair_out, p.pair_offsets, num_out,
+                                                    p.map_info)
                                    for p in _rounds(features, maps)])
 
 
 def _conv_backward(features: torch.Tensor, filters: torch.Tensor, out_bp: torch.Tensor,
                    maps: PairMaps) -> Tuple[torch.Tensor, torch.Tensor]:
-    grads = [_ops.indice_conv_backward(features, filters, out_bp, p.pair_in, p.pair_out, p.pair_offsets)
+    grads = [_ops.indice_conv_backward(features, filters, out_bp, p.pair_in, p.pair_out, p.pair_offsets, p.map_info)
              for p in _rounds(features, maps)]
     return pair_rounds.sum_rounds([g[0] for g in grads]), pair_rounds.sum_rounds([g[1] for g in grads])
 

@@ -19,23 +19,40 @@ def expand_nd(ndim: int, val: Union[int, List[int], tuple], name: str = "value")
     return val
 
 
+def make_map_info(offsets_host: torch.Tensor, in_rows: int, out_rows: int, repeat_free: bool) -> torch.Tensor:
+    """The host record of a map (``get_indice_pairs``' ``map_info``, csrc/ops/checks.h): int64 on the CPU,
+    pair_offsets then in_rows, out_rows, repeat_free."""
+    extras = torch.tensor([int(in_rows), int(out_rows), int(bool(repeat_free))], dtype=torch.int64)
+    return torch.cat([offsets_host.to(device="cpu", dtype=torch.int64).reshape(-1), extras])
+
+
 class PairMaps:
     """The kernel map of one layer: per kernel offset, the (input row, output row) pairs.
 
     ``pair_in[p]`` feeds ``pair_out[p]`` through offset ``k`` for ``pair_offsets[k] <= p < pair_offsets[k+1]``.
     ``cache`` holds tables derived from it (the fused route's neighbour tables), shared by every layer
-    that reuses the map through an ``indice_key``.
+    that reuses the map through an ``indice_key``. ``info`` is the map's host record (``make_map_info``) when
+    its builder gave one: the ops then check the map without copying anything from the GPU. ``out_table`` /
+    ``in_table``: the builder's neighbour table by output (``[num_out, kvol]``, the input feeding each) or by
+    input (``[num_in, kvol]``, the output each feeds), kept for maps on a GPU so that the fused route takes it
+    instead of building it again.
     """
 
     def __init__(self, pair_in: torch.Tensor, pair_out: torch.Tensor, pair_offsets: torch.Tensor, num_in: int,
-                 num_out: int, repeat_free: bool = False):
+                 num_out: int, repeat_free: bool = False, info: Optional[torch.Tensor] = None,
+                 out_table: Optional[torch.Tensor] = None, in_table: Optional[torch.Tensor] = None):
         self.pair_in = pair_in
         self.pair_out = pair_out
         self.pair_offsets = pair_offsets
         self.num_in = as_size(num_in)  # SymInts while tracing
         self.num_out = as_size(num_out)
-        # True when no row repeats within one offset on either side (known for submanifold maps); else
-        # spconv.pytorch.pair_rounds checks once.
+        self.info = info
+        self.out_table = out_table
+        self.in_table = in_table
+        # True when no row repeats within one offset on either side (known for submanifold maps, and from
+        # the GPU builder's info); else spconv.pytorch.pair_rounds checks once.
+        if info is not None and not repeat_free and not torch.compiler.is_compiling():
+            repeat_free = bool(info.numpy()[-1])  # read from the host record without an op
         self.repeat_free = bool(repeat_free)
         self.cache: Dict[str, Any] = {}
         self._reversed: Optional["PairMaps"] = None
@@ -44,10 +61,17 @@ class PairMaps:
     def kernel_volume(self) -> int:
         return self.pair_offsets.shape[0] - 1
 
+    @property
+    def map_info(self) -> Optional[torch.Tensor]:
+        """``info`` for the ops' ``map_info`` argument; None in traced graphs (the ops check the map there)."""
+        return None if torch.compiler.is_compiling() else self.info
+
     def reversed(self) -> "PairMaps":
         """The same pairs with inputs and outputs swapped (inverse convolution), cached."""
         if self._reversed is None:
-            rev = PairMaps(self.pair_out, self.pair_in, self.pair_offsets, self.num_out, self.num_in, self.repeat_free)
+            info = None if self.info is None else self.info[[*range(self.info.shape[0] - 3), -2, -3, -1]]
+            rev = PairMaps(self.pair_out, self.pair_in, self.pair_offsets, self.num_out, self.num_in,
+                           self.repeat_free, info, out_table=self.in_table, in_table=self.out_table)
             rev._reversed = self
             self._reversed = rev
         return self._reversed
@@ -58,7 +82,8 @@ class PairMaps:
         key = f"on_{device}"
         if key not in self.cache:
             self.cache[key] = PairMaps(self.pair_in.to(device), self.pair_out.to(device),
-                                       self.pair_offsets.to(device), self.num_in, self.num_out, self.repeat_free)
+                                       self.pair_offsets.to(device), self.num_in, self.num_out, self.repeat_free,
+                                       self.info)
         return self.cache[key]
 
     def pair_counts(self) -> torch.Tensor:

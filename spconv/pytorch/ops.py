@@ -47,12 +47,16 @@ def build_kernel_map(indices: torch.Tensor, batch_size: int, spatial_shape: List
                      ksize: List[int], stride: List[int], padding: List[int], dilation: List[int], subm: bool,
                      transpose: bool) -> Tuple[torch.Tensor, PairMaps]:
     """Output indices and the per-offset (input, output) pairs of one layer."""
-    out_indices, pair_in, pair_out, pair_offsets = _ops.get_indice_pairs(
+    out_indices, pair_in, pair_out, pair_offsets, info, table = _ops.get_indice_pairs(
         indices, batch_size, list(spatial_shape), list(out_shape), list(ksize), list(stride), list(padding),
         list(dilation), subm, transpose)
+    # The builder's table is the fused route's (forward for subm, reversed otherwise): kept where that route runs.
+    tables = {}
+    if _backend.runs_gpu_code(indices.device):
+        tables = {"out_table": table} if subm else {"in_table": table}
     # Submanifold maps never repeat a row at one offset: the builder rejects duplicate coordinates.
     return out_indices, PairMaps(pair_in, pair_out, pair_offsets, indices.shape[0], out_indices.shape[0],
-                                 repeat_free=subm)
+                                 repeat_free=subm, info=info, **tables)
 
 
 @_backend.register_fake("get_indice_pairs")
@@ -72,80 +76,93 @@ def _get_indice_pairs_fake(indices, batch_size, spatial_shape, out_shape, ksize,
     torch._check(num_pairs <= num_in * kvol)
     out_indices = indices.new_empty((num_out, indices.shape[1]))
     return (out_indices, indices.new_empty((num_pairs,)), indices.new_empty((num_pairs,)),
-            indices.new_empty((kvol + 1,), dtype=torch.int64))
+            indices.new_empty((kvol + 1,), dtype=torch.int64), torch.empty((kvol + 4,), dtype=torch.int64),
+            indices.new_empty((num_in, kvol)))
 
 
 @_backend.register_fake("indice_conv")
-def _indice_conv_fake(features, filters, pair_in, pair_out, pair_offsets, num_out):
+def _indice_conv_fake(features, filters, pair_in, pair_out, pair_offsets, num_out, map_info=None):
     return features.new_empty((num_out, filters.shape[2]))
 
 
 @_backend.register_fake("indice_conv_backward")
-def _indice_conv_backward_fake(features, filters, out_grad, pair_in, pair_out, pair_offsets):
+def _indice_conv_backward_fake(features, filters, out_grad, pair_in, pair_out, pair_offsets, map_info=None):
     return torch.empty_like(features), torch.empty_like(filters)
 
 
+def _map_info_of(inputs, n):
+    """The optional map_info argument (index n) of an op's inputs (absent when the caller left the default)."""
+    return inputs[n] if len(inputs) > n else None
+
+
 def _indice_conv_setup_context(ctx, inputs, output):
-    features, filters, pair_in, pair_out, pair_offsets, _ = inputs
+    features, filters, pair_in, pair_out, pair_offsets = inputs[:5]
     ctx.save_for_backward(features, filters, pair_in, pair_out, pair_offsets)
+    ctx.map_info = _map_info_of(inputs, 6)  # a CPU tensor, never differentiated
 
 
 def _indice_conv_backward(lib, ctx, grad):
     features, filters, pair_in, pair_out, pair_offsets = ctx.saved_tensors
-    dx, dw = lib.indice_conv_backward(features, filters, grad.contiguous(), pair_in, pair_out, pair_offsets)
-    return dx, dw, None, None, None, None
+    dx, dw = lib.indice_conv_backward(features, filters, grad.contiguous(), pair_in, pair_out, pair_offsets,
+                                      ctx.map_info)
+    return dx, dw, None, None, None, None, None
 
 
 def indice_conv_native(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps,
                        num_out: int) -> torch.Tensor:
     """Native route: ``out[pair_out] += features[pair_in] @ filters[k]``; filters ``[kvol, Cin, Cout]``."""
-    return _ops.indice_conv(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out)
+    return _ops.indice_conv(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out,
+                            maps.map_info)
 
 
 # ---- pooling (native route): wrappers, fake kernels, autograd ----
 
 @_backend.register_fake("indice_maxpool")
-def _indice_maxpool_fake(features, pair_in, pair_out, pair_offsets, num_out):
+def _indice_maxpool_fake(features, pair_in, pair_out, pair_offsets, num_out, map_info=None):
     return features.new_empty((num_out, features.shape[1]))
 
 
 @_backend.register_fake("indice_maxpool_backward")
-def _indice_maxpool_backward_fake(features, out_features, out_grad, pair_in, pair_out, pair_offsets):
+def _indice_maxpool_backward_fake(features, out_features, out_grad, pair_in, pair_out, pair_offsets, map_info=None):
     return torch.empty_like(features)
 
 
 @_backend.register_fake("indice_avgpool")
-def _indice_avgpool_fake(features, pair_in, pair_out, pair_offsets, num_out):
+def _indice_avgpool_fake(features, pair_in, pair_out, pair_offsets, num_out, map_info=None):
     return features.new_empty((num_out, features.shape[1])), pair_in.new_empty((num_out,))
 
 
 @_backend.register_fake("indice_avgpool_backward")
-def _indice_avgpool_backward_fake(out_grad, count, pair_in, pair_out, pair_offsets, num_in):
+def _indice_avgpool_backward_fake(out_grad, count, pair_in, pair_out, pair_offsets, num_in, map_info=None):
     return out_grad.new_empty((num_in, out_grad.shape[1]))
 
 
 def _maxpool_setup_context(ctx, inputs, output):
-    features, pair_in, pair_out, pair_offsets, _ = inputs
+    features, pair_in, pair_out, pair_offsets = inputs[:4]
     ctx.save_for_backward(features, output, pair_in, pair_out, pair_offsets)
+    ctx.map_info = _map_info_of(inputs, 5)
 
 
 def _maxpool_backward(lib, ctx, grad):
     features, out, pair_in, pair_out, pair_offsets = ctx.saved_tensors
-    dx = lib.indice_maxpool_backward(features, out, grad.contiguous(), pair_in, pair_out, pair_offsets)
-    return dx, None, None, None, None
+    dx = lib.indice_maxpool_backward(features, out, grad.contiguous(), pair_in, pair_out, pair_offsets,
+                                     ctx.map_info)
+    return dx, None, None, None, None, None
 
 
 def _avgpool_setup_context(ctx, inputs, output):
-    features, pair_in, pair_out, pair_offsets, _ = inputs
+    features, pair_in, pair_out, pair_offsets = inputs[:4]
     ctx.save_for_backward(output[1], pair_in, pair_out, pair_offsets)
     ctx.num_in = features.shape[0]
+    ctx.map_info = _map_info_of(inputs, 5)
     ctx.mark_non_differentiable(output[1])
 
 
 def _avgpool_backward(lib, ctx, grad, _grad_count):
     count, pair_in, pair_out, pair_offsets = ctx.saved_tensors
-    dx = lib.indice_avgpool_backward(grad.contiguous(), count, pair_in, pair_out, pair_offsets, ctx.num_in)
-    return dx, None, None, None, None
+    dx = lib.indice_avgpool_backward(grad.contiguous(), count, pair_in, pair_out, pair_offsets, ctx.num_in,
+                                     ctx.map_info)
+    return dx, None, None, None, None, None
 
 
 def _register_autograd(namespace: str):
@@ -179,14 +196,14 @@ def indice_maxpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) 
     """``max(0, max of the window's active inputs)`` per output (spconv's max-pool semantics)."""
     lib, m = pool_route(features, maps)
     x = features.to(m.pair_in.device)
-    return lib.indice_maxpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out).to(features.device)
+    return lib.indice_maxpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out, m.map_info).to(features.device)
 
 
 def indice_avgpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Mean over the window's active inputs per output, and the int32 count of those inputs."""
     lib, m = pool_route(features, maps)
     x = features.to(m.pair_in.device)
-    out, count = lib.indice_avgpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out)
+    out, count = lib.indice_avgpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out, m.map_info)
     return out.to(features.device), count.to(features.device)
 
 

@@ -38,7 +38,7 @@ def rank_within_groups(keys: torch.Tensor) -> torch.Tensor:
 
 
 def _split_side(maps, side: str) -> List:
-    from spconv.pytorch.core import PairMaps
+    from spconv.pytorch.core import PairMaps, make_map_info
 
     rows = maps.pair_out if side == "out" else maps.pair_in
     num_rows = maps.num_out if side == "out" else maps.num_in
@@ -55,8 +55,9 @@ def _split_side(maps, side: str) -> List:
         pick = rank == r  # keeps pair order: offsets ascending, then the map's order within an offset
         counts = torch.bincount(k[pick], minlength=kvol)
         offsets = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        info = None if maps.info is None else make_map_info(offsets, maps.info[-3], maps.info[-2], True)
         parts.append(PairMaps(maps.pair_in[pick].contiguous(), maps.pair_out[pick].contiguous(), offsets,
-                              maps.num_in, maps.num_out))
+                              maps.num_in, maps.num_out, info=info))
     return parts
 
 

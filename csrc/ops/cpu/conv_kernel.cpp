@@ -13,7 +13,8 @@ namespace {
 at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 at::Tensor indice_conv_cpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& pair_in,
-                           const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out) {
+                           const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out,
+                           const std::optional<at::Tensor>& map_info) {
   check_features(features, "features");
   check_pairs(pair_in, pair_out, pair_offsets, features);
   check_filters(filters, features, pair_offsets.size(0) - 1);
@@ -23,7 +24,7 @@ at::Tensor indice_conv_cpu(const at::Tensor& features, const at::Tensor& filters
   at::Tensor w = filters.to(ct).contiguous();
   at::Tensor out = at::zeros({num_out, filters.size(2)}, x.options());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, x.size(0), num_out);
+  check_pair_rows(pin, pout, po, x.size(0), num_out, map_info);
   native::gather_gemm_scatter(x, w, /*transpose_w=*/false, pin.const_data_ptr<int32_t>(),
                               pout.const_data_ptr<int32_t>(), po.const_data_ptr<int64_t>(), out);
   return out.to(features.scalar_type());
@@ -32,14 +33,15 @@ at::Tensor indice_conv_cpu(const at::Tensor& features, const at::Tensor& filters
 std::tuple<at::Tensor, at::Tensor> indice_conv_backward_cpu(const at::Tensor& features, const at::Tensor& filters,
                                                             const at::Tensor& out_grad, const at::Tensor& pair_in,
                                                             const at::Tensor& pair_out,
-                                                            const at::Tensor& pair_offsets) {
+                                                            const at::Tensor& pair_offsets,
+                                                            const std::optional<at::Tensor>& map_info) {
   check_conv_backward_args(features, filters, out_grad, pair_in, pair_out, pair_offsets);
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous();
   at::Tensor w = filters.to(ct).contiguous();
   at::Tensor dy = out_grad.to(ct).contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, x.size(0), dy.size(0));
+  check_pair_rows(pin, pout, po, x.size(0), dy.size(0), map_info);
   at::Tensor dx = at::zeros_like(x);
   at::Tensor dw = at::empty_like(w);
   native::gather_gemm_scatter_backward(x, w, dy, pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),

@@ -18,29 +18,11 @@ namespace spconv {
 namespace ops {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_cpu(const at::Tensor& pair_in_arg,
-                                                                   const at::Tensor& pair_out_arg,
-                                                                   const at::Tensor& pair_offsets_arg,
-                                                                   int64_t num_rows, int64_t num_splits) {
-  check_fused_map_args(pair_in_arg, pair_out_arg, pair_offsets_arg, num_rows, num_splits);
-  const int64_t kvol = pair_offsets_arg.size(0) - 1;
-  at::Tensor pair_in = pair_in_arg.contiguous(), pair_out = pair_out_arg.contiguous();
-  at::Tensor po_t = pair_offsets_arg.contiguous();
-  const int32_t* pin = pair_in.const_data_ptr<int32_t>();
-  const int32_t* pout = pair_out.const_data_ptr<int32_t>();
-  const int64_t* po = po_t.const_data_ptr<int64_t>();
-  check_pair_layout_host(po, kvol, pair_in.size(0), nullptr, 0, 0);
-  auto opts = pair_in.options();
-  at::Tensor nbr = at::full({num_rows, kvol}, -1, opts);
-  int32_t* nb = nbr.mutable_data_ptr<int32_t>();
-  for (int64_t k = 0; k < kvol; ++k)
-    for (int64_t p = po[k]; p < po[k + 1]; ++p) {
-      TORCH_CHECK_VALUE(pout[p] >= 0 && pout[p] < num_rows, "pair_out[", p, "] = ", pout[p],
-                        " is outside [0, num_rows=", num_rows, ")");
-      TORCH_CHECK_VALUE(pin[p] >= 0, "pair_in[", p, "] = ", pin[p], " is negative");
-      check_no_repeated_output(nb[pout[p] * kvol + k] >= 0);
-      nb[pout[p] * kvol + k] = pin[p];
-    }
+// masks and order of a neighbour table (schema.cpp, build_fused_map).
+std::tuple<at::Tensor, at::Tensor> masks_and_order(const at::Tensor& nbr, int64_t num_splits) {
+  const int64_t num_rows = nbr.size(0), kvol = nbr.size(1);
+  const int32_t* nb = nbr.const_data_ptr<int32_t>();
+  auto opts = nbr.options();
   at::Tensor masks = at::empty({num_splits, num_rows}, opts);
   int32_t* m = masks.mutable_data_ptr<int32_t>();
   for (int64_t s = 0; s < num_splits; ++s) {
@@ -63,6 +45,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_cpu(const at::Ten
       return static_cast<uint32_t>(ms[a]) < static_cast<uint32_t>(ms[b]);
     });
   }
+  return {masks, order};
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_map_masks_cpu(const at::Tensor& nbr, int64_t num_splits) {
+  check_fused_masks_args(nbr, num_splits);
+  return masks_and_order(nbr.contiguous(), num_splits);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_cpu(const at::Tensor& pair_in_arg,
+                                                                   const at::Tensor& pair_out_arg,
+                                                                   const at::Tensor& pair_offsets_arg,
+                                                                   int64_t num_rows, int64_t num_splits,
+                                                                   const std::optional<at::Tensor>& map_info) {
+  check_fused_map_args(pair_in_arg, pair_out_arg, pair_offsets_arg, num_rows, num_splits);
+  const int64_t kvol = pair_offsets_arg.size(0) - 1;
+  at::Tensor pair_in = pair_in_arg.contiguous(), pair_out = pair_out_arg.contiguous();
+  at::Tensor po_t = pair_offsets_arg.contiguous();
+  const int32_t* pin = pair_in.const_data_ptr<int32_t>();
+  const int32_t* pout = pair_out.const_data_ptr<int32_t>();
+  const int64_t* po = po_t.const_data_ptr<int64_t>();
+  check_pair_layout_host(po, kvol, pair_in.size(0), nullptr, 0, 0);
+  read_map_info(map_info, kvol, pair_in.size(0));  // the reference checks every pair below anyway
+  auto opts = pair_in.options();
+  at::Tensor nbr = at::full({num_rows, kvol}, -1, opts);
+  int32_t* nb = nbr.mutable_data_ptr<int32_t>();
+  for (int64_t k = 0; k < kvol; ++k)
+    for (int64_t p = po[k]; p < po[k + 1]; ++p) {
+      TORCH_CHECK_VALUE(pout[p] >= 0 && pout[p] < num_rows, "pair_out[", p, "] = ", pout[p],
+                        " is outside [0, num_rows=", num_rows, ")");
+      TORCH_CHECK_VALUE(pin[p] >= 0, "pair_in[", p, "] = ", pin[p], " is negative");
+      check_no_repeated_output(nb[pout[p] * kvol + k] >= 0);
+      nb[pout[p] * kvol + k] = pin[p];
+    }
+  auto [masks, order] = masks_and_order(nbr, num_splits);
   return {nbr, masks, order};
 }
 
@@ -94,7 +110,7 @@ void fused_split(const acc_t* x, const acc_t* w, const int32_t* nb, const int32_
 }
 
 at::Tensor fused_conv_cpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr_arg,
-                          const at::Tensor& masks_arg, const at::Tensor& order_arg) {
+                          const at::Tensor& masks_arg, const at::Tensor& order_arg, const std::optional<at::Tensor>& map_info) {
   check_fused_conv_args(features, filters, nbr_arg, masks_arg, order_arg, /*allow_double=*/true);
   const int64_t n_out = nbr_arg.size(0), kvol = nbr_arg.size(1), cin = features.size(1), cout = filters.size(2);
   const int64_t splits = masks_arg.size(0);
@@ -102,7 +118,7 @@ at::Tensor fused_conv_cpu(const at::Tensor& features, const at::Tensor& filters,
   at::Tensor x = features.to(ct).contiguous(), w = filters.to(ct).contiguous();
   at::Tensor nbr = nbr_arg.contiguous(), masks = masks_arg.contiguous(), order = order_arg.contiguous();
   const int32_t* nb = nbr.const_data_ptr<int32_t>();
-  check_fused_tables(nbr, order, features.size(0));
+  check_fused_tables(nbr, order, features.size(0), map_info);
   at::Tensor out;  // in the output dtype, after each split
   for (int64_t s = 0; s < splits; ++s) {
     const int64_t k0 = s * kvol / splits, k1 = (s + 1) * kvol / splits;
@@ -118,14 +134,14 @@ at::Tensor fused_conv_cpu(const at::Tensor& features, const at::Tensor& filters,
 }
 
 at::Tensor fused_conv_dfilter_cpu(const at::Tensor& features, const at::Tensor& out_grad, const at::Tensor& pair_in,
-                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets, const std::optional<at::Tensor>& map_info) {
   check_fused_dfilter_args(features, out_grad, pair_in, pair_out, pair_offsets, /*allow_double=*/true);
   const int64_t kvol = pair_offsets.size(0) - 1, cin = features.size(1), cout = out_grad.size(1);
   const auto ct = features.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor x = features.to(ct), dy = out_grad.to(ct);
   at::Tensor po_t = pair_offsets.contiguous();
   const int64_t* po = po_t.const_data_ptr<int64_t>();
-  check_pair_rows(pair_in, pair_out, po_t, x.size(0), dy.size(0));
+  check_pair_rows(pair_in, pair_out, po_t, x.size(0), dy.size(0), map_info);
   at::Tensor pin = pair_in.to(at::kLong), pout = pair_out.to(at::kLong);
   at::Tensor dw = at::zeros({kvol, cin, cout}, x.options());
   for (int64_t k = 0; k < kvol; ++k) {
@@ -144,6 +160,7 @@ std::string fused_conv_path_cpu(const at::Tensor&) { return "reference"; }
 
 TORCH_LIBRARY_IMPL(spconv, CPU, m) {
   m.impl("build_fused_map", &build_fused_map_cpu);
+  m.impl("fused_map_masks", &fused_map_masks_cpu);
   m.impl("fused_conv", &fused_conv_cpu);
   m.impl("fused_conv_dfilter", &fused_conv_dfilter_cpu);
   m.impl("fused_conv_path", &fused_conv_path_cpu);

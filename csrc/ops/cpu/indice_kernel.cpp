@@ -9,7 +9,7 @@ namespace spconv {
 namespace ops {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_cpu(
     const at::Tensor& indices_arg, int64_t batch_size, at::IntArrayRef spatial_shape, at::IntArrayRef out_shape,
     at::IntArrayRef ksize, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool subm,
     bool transpose) {
@@ -41,7 +41,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_cpu(
   at::Tensor pair_out = at::empty({total}, indices.options());
   native::compact_pairs(map, map.rows_are_outputs ? map.num_out : n, g.kvol, po, std::move(block_counts),
                         pair_in.mutable_data_ptr<int32_t>(), pair_out.mutable_data_ptr<int32_t>());
-  return {out_indices, pair_in, pair_out, pair_offsets};
+  at::Tensor map_info = make_map_info(pair_offsets, n, out_indices.size(0), map.repeat_free);
+  // The table is handed over as it is (rows: the inputs, which for subm are the outputs).
+  int32_t* raw = map.table.release();
+  at::Tensor table = at::from_blob(raw, {n, g.kvol}, [](void* p) { delete[] static_cast<int32_t*>(p); },
+                                   indices.options());
+  return {out_indices, pair_in, pair_out, pair_offsets, map_info, table};
 }
 
 }  // namespace

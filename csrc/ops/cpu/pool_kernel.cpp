@@ -19,18 +19,18 @@ struct PoolOperands {
 };
 
 PoolOperands pool_operands(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
-                           const at::Tensor& pair_offsets, int64_t num_out) {
+                           const at::Tensor& pair_offsets, int64_t num_out, const std::optional<at::Tensor>& map_info) {
   check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
   PoolOperands o{pair_in.contiguous(), pair_out.contiguous(), pair_offsets.contiguous(), {}, {}};
-  check_pair_rows(o.pin, o.pout, o.po, features.size(0), num_out);
+  check_pair_rows(o.pin, o.pout, o.po, features.size(0), num_out, map_info);
   o.x = features.to(compute_type(features.scalar_type())).contiguous();
   o.out = at::zeros({num_out, features.size(1)}, o.x.options());
   return o;
 }
 
 at::Tensor indice_maxpool_cpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
-                              const at::Tensor& pair_offsets, int64_t num_out) {
-  auto [pin, pout, po, x, out] = pool_operands(features, pair_in, pair_out, pair_offsets, num_out);
+                              const at::Tensor& pair_offsets, int64_t num_out, const std::optional<at::Tensor>& map_info) {
+  auto [pin, pout, po, x, out] = pool_operands(features, pair_in, pair_out, pair_offsets, num_out, map_info);
   const auto ct = x.scalar_type();
   AT_DISPATCH_FLOATING_TYPES(ct, "indice_maxpool", [&] {
     native::maxpool_forward<scalar_t>(x.const_data_ptr<scalar_t>(), x.size(1), num_out,
@@ -42,10 +42,11 @@ at::Tensor indice_maxpool_cpu(const at::Tensor& features, const at::Tensor& pair
 
 at::Tensor indice_maxpool_backward_cpu(const at::Tensor& features, const at::Tensor& out_features,
                                        const at::Tensor& out_grad, const at::Tensor& pair_in,
-                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                                       const std::optional<at::Tensor>& map_info) {
   check_maxpool_backward_args(features, out_features, out_grad, pair_in, pair_out, pair_offsets);
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, features.size(0), out_features.size(0));
+  check_pair_rows(pin, pout, po, features.size(0), out_features.size(0), map_info);
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous();
   at::Tensor y = out_features.to(ct).contiguous();
@@ -63,8 +64,8 @@ at::Tensor indice_maxpool_backward_cpu(const at::Tensor& features, const at::Ten
 
 std::tuple<at::Tensor, at::Tensor> indice_avgpool_cpu(const at::Tensor& features, const at::Tensor& pair_in,
                                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets,
-                                                      int64_t num_out) {
-  auto [pin, pout, po, x, out] = pool_operands(features, pair_in, pair_out, pair_offsets, num_out);
+                                                      int64_t num_out, const std::optional<at::Tensor>& map_info) {
+  auto [pin, pout, po, x, out] = pool_operands(features, pair_in, pair_out, pair_offsets, num_out, map_info);
   const auto ct = x.scalar_type();
   at::Tensor count = at::zeros({num_out}, pair_in.options());
   AT_DISPATCH_FLOATING_TYPES(ct, "indice_avgpool", [&] {
@@ -78,10 +79,10 @@ std::tuple<at::Tensor, at::Tensor> indice_avgpool_cpu(const at::Tensor& features
 
 at::Tensor indice_avgpool_backward_cpu(const at::Tensor& out_grad, const at::Tensor& count,
                                        const at::Tensor& pair_in, const at::Tensor& pair_out,
-                                       const at::Tensor& pair_offsets, int64_t num_in) {
+                                       const at::Tensor& pair_offsets, int64_t num_in, const std::optional<at::Tensor>& map_info) {
   check_avgpool_backward_args(out_grad, count, pair_in, pair_out, pair_offsets, num_in);
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, num_in, out_grad.size(0));
+  check_pair_rows(pin, pout, po, num_in, out_grad.size(0), map_info);
   at::Tensor cnt = count.contiguous();
   if (pin.numel()) {
     // Every output that a pair reaches has a count >= 1, else the division below would be by zero.

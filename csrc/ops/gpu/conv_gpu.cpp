@@ -56,7 +56,8 @@ void gather_mm_scatter(const at::Tensor& src, const at::Tensor& w, bool transpos
 }
 
 at::Tensor indice_conv_gpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& pair_in,
-                           const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out) {
+                           const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out,
+                           const std::optional<at::Tensor>& map_info) {
   check_features(features, "features");
   check_pairs(pair_in, pair_out, pair_offsets, features);
   check_filters(filters, features, pair_offsets.size(0) - 1);
@@ -65,7 +66,7 @@ at::Tensor indice_conv_gpu(const at::Tensor& features, const at::Tensor& filters
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), num_out).offsets;
+  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), num_out, map_info).offsets;
   at::Tensor acc = at::zeros({num_out, filters.size(2)}, x.options().dtype(acc_type(x.scalar_type())));
   if (x.size(0) > 0) gather_mm_scatter(x, w, /*transpose_w=*/false, pin, pout, po, acc, stream);
   return acc.to(features.scalar_type());
@@ -74,13 +75,14 @@ at::Tensor indice_conv_gpu(const at::Tensor& features, const at::Tensor& filters
 std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& features, const at::Tensor& filters,
                                                             const at::Tensor& out_grad, const at::Tensor& pair_in,
                                                             const at::Tensor& pair_out,
-                                                            const at::Tensor& pair_offsets) {
+                                                            const at::Tensor& pair_offsets,
+                                                            const std::optional<at::Tensor>& map_info) {
   check_conv_backward_args(features, filters, out_grad, pair_in, pair_out, pair_offsets);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous(), dy = out_grad.contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), dy.size(0)).offsets;
+  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), dy.size(0), map_info).offsets;
   const int64_t kvol = w.size(0), cin = w.size(1), cout = w.size(2);
   at::Tensor dx_acc = at::zeros({x.size(0), cin}, x.options().dtype(acc_type(x.scalar_type())));
   if (dy.size(0) > 0) gather_mm_scatter(dy, w, /*transpose_w=*/true, pout, pin, po, dx_acc, stream);

@@ -16,10 +16,29 @@ namespace spconv {
 namespace ops {
 namespace {
 
+// masks and order of a neighbour table on the device (schema.cpp, build_fused_map).
+std::tuple<at::Tensor, at::Tensor> masks_and_order(const at::Tensor& nbr, int64_t num_splits, void* stream) {
+  const int64_t num_rows = nbr.size(0), kvol = nbr.size(1);
+  at::Tensor masks = at::empty({num_splits, num_rows}, nbr.options());
+  check_launch(gpu::fused_map_masks(nbr.const_data_ptr<int32_t>(), num_rows, kvol, static_cast<int>(num_splits),
+                                    masks.mutable_data_ptr<int32_t>(), stream),
+               "fused_map_masks");
+  at::Tensor key = masks.to(at::kLong).bitwise_and(int64_t{0xffffffff});
+  at::Tensor order = std::get<1>(at::sort(key, /*stable=*/true, /*dim=*/1, /*descending=*/false)).to(at::kInt);
+  return {masks, order};
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_map_masks_gpu(const at::Tensor& nbr, int64_t num_splits) {
+  check_fused_masks_args(nbr, num_splits);
+  c10::DeviceGuard guard(nbr.device());
+  return masks_and_order(nbr.contiguous(), num_splits, current_stream(nbr.device()));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_gpu(const at::Tensor& pair_in_arg,
                                                                    const at::Tensor& pair_out_arg,
                                                                    const at::Tensor& pair_offsets_arg,
-                                                                   int64_t num_rows, int64_t num_splits) {
+                                                                   int64_t num_rows, int64_t num_splits,
+                                                                   const std::optional<at::Tensor>& map_info) {
   check_fused_map_args(pair_in_arg, pair_out_arg, pair_offsets_arg, num_rows, num_splits);
   c10::DeviceGuard guard(pair_in_arg.device());
   void* stream = current_stream(pair_in_arg.device());
@@ -28,32 +47,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_gpu(const at::Ten
   at::Tensor po = pair_offsets_arg.contiguous();
   auto opts = pair_in.options();
   at::Tensor nbr = at::full({num_rows, kvol}, -1, opts);
-  // One small host copy keeps out-of-range rows and offsets from writing outside the table (input rows are
-  // bounded by the features, which fused_conv gets later: here only >= 0).
-  check_pair_rows(pair_in, pair_out, po, std::numeric_limits<int32_t>::max(), num_rows);
+  // Out-of-range rows and offsets must not write outside the table (input rows are bounded by the features,
+  // which fused_conv gets later: here only >= 0): map_info, or one small host copy.
+  check_pair_rows(pair_in, pair_out, po, std::numeric_limits<int32_t>::max(), num_rows, map_info);
+  const auto info = read_map_info(map_info, kvol, npairs);
   at::Tensor repeated = at::zeros({1}, opts);
   check_launch(gpu::fused_map_fill(pair_in.const_data_ptr<int32_t>(), pair_out.const_data_ptr<int32_t>(),
                                    po.const_data_ptr<int64_t>(), kvol, npairs, num_rows,
                                    nbr.mutable_data_ptr<int32_t>(), repeated.mutable_data_ptr<int32_t>(), stream),
                "fused_map_fill");
-  if (npairs > 0) check_no_repeated_output(repeated.item<int32_t>() != 0);
-  at::Tensor masks = at::empty({num_splits, num_rows}, opts);
-  check_launch(gpu::fused_map_masks(nbr.const_data_ptr<int32_t>(), num_rows, kvol, static_cast<int>(num_splits),
-                                    masks.mutable_data_ptr<int32_t>(), stream),
-               "fused_map_masks");
-  at::Tensor key = masks.to(at::kLong).bitwise_and(int64_t{0xffffffff});
-  at::Tensor order = std::get<1>(at::sort(key, /*stable=*/true, /*dim=*/1, /*descending=*/false)).to(at::kInt);
+  if (npairs > 0 && !(info && info->repeat_free)) check_no_repeated_output(to_host(repeated).item<int32_t>() != 0);
+  auto [masks, order] = masks_and_order(nbr, num_splits, stream);
   return {nbr, masks, order};
 }
 
 at::Tensor fused_conv_gpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr_arg,
-                          const at::Tensor& masks_arg, const at::Tensor& order_arg) {
+                          const at::Tensor& masks_arg, const at::Tensor& order_arg, const std::optional<at::Tensor>& map_info) {
   check_fused_conv_args(features, filters, nbr_arg, masks_arg, order_arg, /*allow_double=*/false);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous();
   at::Tensor nbr = nbr_arg.contiguous(), masks = masks_arg.contiguous(), order = order_arg.contiguous();
-  check_fused_tables(nbr, order, x.size(0));
+  check_fused_tables(nbr, order, x.size(0), map_info);
   const int64_t n_out = nbr.size(0), kvol = nbr.size(1), cin = x.size(1), cout = w.size(2);
   at::Tensor y = at::empty({n_out, cout}, x.options());
   if (n_out == 0 || cout == 0) return y;
@@ -67,7 +82,7 @@ at::Tensor fused_conv_gpu(const at::Tensor& features, const at::Tensor& filters,
 }
 
 at::Tensor fused_conv_dfilter_gpu(const at::Tensor& features, const at::Tensor& out_grad, const at::Tensor& pair_in,
-                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets, const std::optional<at::Tensor>& map_info) {
   check_fused_dfilter_args(features, out_grad, pair_in, pair_out, pair_offsets, /*allow_double=*/false);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
@@ -75,7 +90,7 @@ at::Tensor fused_conv_dfilter_gpu(const at::Tensor& features, const at::Tensor& 
   const int64_t npairs = pair_in.size(0);
   at::Tensor x = features.contiguous(), dy = out_grad.contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, x.size(0), dy.size(0));
+  check_pair_rows(pin, pout, po, x.size(0), dy.size(0), map_info);
   at::Tensor dw = at::empty({kvol, cin, cout}, x.options());
   if (dw.numel() == 0) return dw;
   if (npairs == 0) return dw.zero_();
@@ -100,13 +115,14 @@ std::string fused_conv_path_gpu(const at::Tensor& features) {
   at::Tensor body = at::empty({1}, features.options().dtype(at::kInt));
   check_launch(gpu::fused_forward_body(body.mutable_data_ptr<int32_t>(), current_stream(features.device())),
                "fused_forward_body");
-  return gpu::fused_body_name(gpu_dtype(t), body.item<int32_t>());
+  return gpu::fused_body_name(gpu_dtype(t), to_host(body).item<int32_t>());
 }
 
 }  // namespace
 
 SPCONV_GPU_IMPL(m) {
   m.impl("build_fused_map", &build_fused_map_gpu);
+  m.impl("fused_map_masks", &fused_map_masks_gpu);
   m.impl("fused_conv", &fused_conv_gpu);
   m.impl("fused_conv_dfilter", &fused_conv_dfilter_gpu);
   m.impl("fused_conv_path", &fused_conv_path_gpu);

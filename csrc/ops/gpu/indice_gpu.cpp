@@ -1,5 +1,6 @@
 // GPU implementation of get_indice_pairs: hash-table kernel maps on the device. Compaction into pairs
-// grouped by offset (rows ascending within an offset, like the CPU route) uses ATen's nonzero.
+// grouped by offset (rows ascending within an offset, like the CPU route) uses ATen's nonzero_static.
+// One device->host copy per map (the checks, the output count, the pairs per offset: map_info).
 // SubM outputs are the input rows; regular/transposed outputs are numbered in the CPU route's first-seen order.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -37,7 +38,7 @@ namespace {
 // by the stride (one residue class of o modulo stride / gcd(stride, dilation)); and there are at most
 // batch x out-grid sites. A 3^3 stride-2 conv: 8 per input, not 27.
 int64_t max_output_keys(const ConvGeometry& g, bool transpose, int64_t n, int64_t batch_size) {
-  int64_t per_input = 1, sites = batch_size;  // sites fits: check_coordinates_on_device bounds it by 2^63
+  int64_t per_input = 1, sites = batch_size;  // sites fits: check_grid_volume bounds it by 2^63
   for (int d = 0; d < g.ndim; ++d) {
     const int64_t k = g.ksize[d], period = g.stride[d] / std::gcd(g.stride[d], g.dilation[d]);
     per_input *= transpose ? k : (k + period - 1) / period;
@@ -51,41 +52,52 @@ void check_table_not_full(int32_t full, int64_t cap) {
   TORCH_CHECK(full == 0, "get_indice_pairs: the coordinate hash table (", cap, " slots) is full");
 }
 
-// table [rows, kvol] int32 (partner or -1) -> pairs grouped by offset, rows ascending within an offset.
-void compact(const at::Tensor& table, bool rows_are_outputs, at::Tensor& pair_in, at::Tensor& pair_out,
-             at::Tensor& pair_offsets) {
-  const int64_t rows = table.size(0), kvol = table.size(1);
+// table [rows, kvol] int32 (partner or -1) with `npairs` entries >= 0 -> pairs grouped by offset, rows ascending
+// within an offset. The count comes from the host, so the compaction needs no device->host copy of its own.
+void compact(const at::Tensor& table, int64_t npairs, bool rows_are_outputs, at::Tensor& pair_in,
+             at::Tensor& pair_out) {
+  const int64_t rows = table.size(0);
   at::Tensor tt = table.t().contiguous();  // [kvol, rows]
-  at::Tensor valid = tt.ge(0);
-  at::Tensor nz = at::nonzero(valid);  // [P, 2] (k, row), row-major order
+  at::Tensor nz = at::nonzero_static(tt.ge(0), npairs);  // [P, 2] (k, row), row-major order
   at::Tensor k_idx = nz.select(1, 0), r_idx = nz.select(1, 1);
   at::Tensor partner = tt.view(-1).index_select(0, k_idx * rows + r_idx);
   at::Tensor row = r_idx.to(at::kInt);
   pair_in = rows_are_outputs ? partner : row;
   pair_out = rows_are_outputs ? row : partner;
-  at::Tensor counts = valid.sum(1);  // int64 [kvol]
-  pair_offsets = at::cat({at::zeros({1}, counts.options()), at::cumsum(counts, 0)});
-  (void)kvol;
+}
+
+// The inputs' packed coordinate keys (int64 [n]) and their stable sort order.
+std::pair<at::Tensor, at::Tensor> input_keys(const at::Tensor& indices, const ConvGeometry& g) {
+  at::Tensor key = indices.select(1, 0).to(at::kLong);
+  for (int d = 0; d < g.ndim; ++d) key = key * int64_t{g.in_shape[d]} + indices.select(1, d + 1).to(at::kLong);
+  at::Tensor by_key = std::get<1>(at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  return {key, by_key};
+}
+
+// 1 (int64 [1], on the device) when two inputs share a coordinate: then some output row repeats at one offset.
+at::Tensor any_duplicate(const at::Tensor& key, const at::Tensor& by_key) {
+  if (key.size(0) < 2) return at::zeros({1}, key.options());
+  at::Tensor sorted = key.index_select(0, by_key);
+  return sorted.narrow(0, 1, key.size(0) - 1).eq(sorted.narrow(0, 0, key.size(0) - 1)).any().to(at::kLong)
+      .reshape({1});
 }
 
 // The CPU route (csrc/native/indice_pairs.cpp) visits the inputs in (coordinate key, row) order, each input's
 // offsets ascending, and numbers the outputs in the order it first reaches them. For table [n, kvol] of output
 // ids in key order, returns the ids sorted by their first visit: entry s = the id of the s-th output seen.
 // Integer min-reductions and sorts only: deterministic.
-at::Tensor first_seen_order(const at::Tensor& indices, const ConvGeometry& g, const at::Tensor& table,
-                            int64_t num_out) {
-  const int64_t n = indices.size(0), kvol = table.size(1);
-  at::Tensor key = indices.select(1, 0).to(at::kLong);
-  for (int d = 0; d < g.ndim; ++d) key = key * int64_t{g.in_shape[d]} + indices.select(1, d + 1).to(at::kLong);
-  at::Tensor by_key = std::get<1>(at::sort(key, /*stable=*/true, /*dim=*/0, /*descending=*/false));
-  at::Tensor pos = at::empty({n}, key.options());
-  pos.index_put_({by_key}, at::arange(n, key.options()));
-  // visit index of candidate (i, k): pos[i] * kvol + k
-  at::Tensor visit = (pos.unsqueeze(1) * kvol + at::arange(kvol, key.options()).unsqueeze(0)).reshape({-1});
+at::Tensor first_seen_order(const at::Tensor& by_key, const at::Tensor& table, int64_t num_out) {
+  const int64_t n = table.size(0), kvol = table.size(1);
+  auto lopts = by_key.options();
+  at::Tensor pos = at::empty({n}, lopts);
+  pos.index_put_({by_key}, at::arange(n, lopts));
+  // visit index of candidate (i, k): pos[i] * kvol + k; a miss (id -1) offers the largest value to output 0.
+  at::Tensor visit = (pos.unsqueeze(1) * kvol + at::arange(kvol, lopts).unsqueeze(0)).reshape({-1});
   at::Tensor ids = table.reshape({-1}).to(at::kLong);
   at::Tensor hit = ids.ge(0);
-  at::Tensor first = at::full({num_out}, std::numeric_limits<int64_t>::max(), key.options());
-  first.scatter_reduce_(0, ids.masked_select(hit), visit.masked_select(hit), "amin", /*include_self=*/true);
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  at::Tensor first = at::full({num_out}, kNever, lopts);
+  first.scatter_reduce_(0, ids.clamp_min(0), at::where(hit, visit, kNever), "amin", /*include_self=*/true);
   return std::get<1>(at::sort(first, /*stable=*/true, /*dim=*/0, /*descending=*/false));
 }
 
@@ -98,14 +110,43 @@ at::Tensor renumber(const at::Tensor& table, const at::Tensor& order) {
   return at::where(ids.ge(0), mapped, ids).to(at::kInt);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
+// Everything the builder must know on the host, in one device->host copy after the kernels ran (they are
+// memory-safe on any coordinates: the table probes are bounded): the coordinate extremes, the builder's flags,
+// the pairs per offset. Checked in the order the CPU route raises.
+struct HostFacts {
+  at::Tensor host;  // int64: extremes [2w or 0], the flags' entries [n_flags], counts [kvol]
+  int64_t n_ext, n_flags;
+  const int64_t* flags() const { return host.const_data_ptr<int64_t>() + n_ext; }
+  at::Tensor counts() const { return host.narrow(0, n_ext + n_flags, host.size(0) - n_ext - n_flags); }
+};
+
+HostFacts fetch_facts(const at::Tensor& indices, int64_t batch_size, const ConvGeometry& g,
+                      const std::vector<at::Tensor>& flags, const at::Tensor& counts) {
+  at::Tensor ext = coordinate_extremes(indices);
+  std::vector<at::Tensor> parts{ext};
+  int64_t n_flags = 0;
+  for (const auto& f : flags) {
+    parts.push_back(f.to(at::kLong).reshape({-1}));
+    n_flags += f.numel();
+  }
+  parts.push_back(counts.to(at::kLong));
+  HostFacts f{to_host(at::cat(parts)), ext.size(0), n_flags};
+  check_coordinate_extremes(f.host.const_data_ptr<int64_t>(), indices, batch_size, g);
+  return f;
+}
+
+at::Tensor host_offsets(const at::Tensor& counts_host) {
+  return at::cat({at::zeros({1}, counts_host.options()), at::cumsum(counts_host, 0)});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
     const at::Tensor& indices_arg, int64_t batch_size, at::IntArrayRef spatial_shape, at::IntArrayRef out_shape,
     at::IntArrayRef ksize, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, bool subm,
     bool transpose) {
   const int64_t ndim = static_cast<int64_t>(spatial_shape.size());
   const ConvGeometry g =
       check_indice_pairs_args(indices_arg, spatial_shape, out_shape, ksize, stride, padding, dilation, subm);
-  check_coordinates_on_device(indices_arg, batch_size, g);
+  check_grid_volume(batch_size, g);
   c10::DeviceGuard guard(indices_arg.device());
   void* stream = current_stream(indices_arg.device());
   at::Tensor indices = indices_arg.contiguous();
@@ -113,7 +154,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
   const int32_t* ip = indices.const_data_ptr<int32_t>();
   auto iopts = indices.options();
   auto lopts = iopts.dtype(at::kLong);
-  at::Tensor pair_in, pair_out, pair_offsets;
+  at::Tensor pair_in, pair_out;
 
   if (subm) {
     const int64_t cap = gpu::hash_capacity(n);
@@ -124,15 +165,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
     check_launch(gpu::subm_insert(ip, n, g, hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap,
                                   flags.mutable_data_ptr<int32_t>(), flags.mutable_data_ptr<int32_t>() + 1, stream),
                  "subm_insert");
-    const at::Tensor flags_host = flags.cpu();
-    check_table_not_full(flags_host.const_data_ptr<int32_t>()[1], cap);
-    if (flags_host.const_data_ptr<int32_t>()[0] != INT32_MAX) raise_duplicate(indices_arg.cpu().contiguous(), g);
     at::Tensor nbr = at::empty({n, g.kvol}, iopts);
     check_launch(gpu::subm_neighbors(ip, n, g, hkeys.const_data_ptr<int64_t>(), hvals.const_data_ptr<int32_t>(), cap,
                                      nbr.mutable_data_ptr<int32_t>(), stream),
                  "subm_neighbors");
-    compact(nbr, /*rows_are_outputs=*/true, pair_in, pair_out, pair_offsets);
-    return {indices_arg.clone(), pair_in, pair_out, pair_offsets};  // outputs may not alias inputs
+    const HostFacts f = fetch_facts(indices, batch_size, g, {flags}, nbr.ge(0).sum(0));
+    check_table_not_full(static_cast<int32_t>(f.flags()[1]), cap);
+    if (f.flags()[0] != INT32_MAX) raise_duplicate(to_host(indices_arg).contiguous(), g);
+    const at::Tensor offsets = host_offsets(f.counts());
+    compact(nbr, offsets.const_data_ptr<int64_t>()[g.kvol], /*rows_are_outputs=*/true, pair_in, pair_out);
+    return {indices_arg.clone(), pair_in, pair_out, offsets.to(indices.device()),  // outputs may not alias inputs
+            make_map_info(offsets, n, n, /*repeat_free=*/true), nbr};
   }
 
   at::Tensor keys = at::empty({n * g.kvol}, lopts);
@@ -146,10 +189,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
   check_launch(gpu::hash_insert_keys(keys.const_data_ptr<int64_t>(), n * g.kvol, hkeys.mutable_data_ptr<int64_t>(),
                                      cap, full.mutable_data_ptr<int32_t>(), stream),
                "hash_insert_keys");
-  check_table_not_full(full.item<int32_t>(), cap);
-  at::Tensor uniq = std::get<0>(at::sort(at::masked_select(hkeys, hkeys.ge(0))));
-  const int64_t num_out = uniq.size(0);
+  const auto [in_key, by_key] = input_keys(indices, g);
+  // Every valid candidate reaches an output (all were inserted), so its offset's pair count is known now.
+  const HostFacts f = fetch_facts(indices, batch_size, g,
+                                  {full, hkeys.ge(0).sum().reshape({1}), any_duplicate(in_key, by_key)},
+                                  keys.view({n, g.kvol}).ge(0).sum(0));
+  check_table_not_full(static_cast<int32_t>(f.flags()[0]), cap);
+  const int64_t num_out = f.flags()[1];
   TORCH_CHECK_VALUE(num_out < (int64_t{1} << 31), "too many output coordinates: ", num_out);
+  // Empty slots hold -1 and sort first: the last num_out keys are the outputs, ascending.
+  at::Tensor uniq = std::get<0>(at::sort(hkeys)).narrow(0, cap - num_out, num_out);
   check_launch(gpu::hash_assign_rank(uniq.const_data_ptr<int64_t>(), num_out, hkeys.const_data_ptr<int64_t>(),
                                      hvals.mutable_data_ptr<int32_t>(), cap, stream),
                "hash_assign_rank");
@@ -159,7 +208,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
                "hash_lookup");
   // table holds ranks in key order; renumber them in the CPU route's first-seen order.
   if (num_out > 0) {
-    at::Tensor first_seen = first_seen_order(indices, g, table, num_out);
+    at::Tensor first_seen = first_seen_order(by_key, table, num_out);
     table = renumber(table, first_seen);
     uniq = uniq.index_select(0, first_seen);
   }
@@ -167,8 +216,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
   check_launch(gpu::decode_keys(uniq.const_data_ptr<int64_t>(), num_out, g, /*use_out_shape=*/true,
                                 out_indices.mutable_data_ptr<int32_t>(), stream),
                "decode_keys");
-  compact(table, /*rows_are_outputs=*/false, pair_in, pair_out, pair_offsets);
-  return {out_indices, pair_in, pair_out, pair_offsets};
+  const at::Tensor offsets = host_offsets(f.counts());
+  compact(table, offsets.const_data_ptr<int64_t>()[g.kvol], /*rows_are_outputs=*/false, pair_in, pair_out);
+  return {out_indices, pair_in, pair_out, offsets.to(indices.device()),
+          make_map_info(offsets, n, num_out, /*repeat_free=*/f.flags()[2] == 0), table};
 }
 
 }  // namespace

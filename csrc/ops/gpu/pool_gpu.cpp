@@ -15,10 +15,14 @@ namespace {
 
 at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-// The shared pair checks (one device->host copy), which for the avg backward also fetch the smallest count a
-// pair reaches. Returns the host copy of pair_offsets that the launchers walk.
+// The shared pair checks: with map_info on the host alone; else one device->host copy, which for the avg
+// backward also fetches the smallest count a pair reaches. Returns the host copy of pair_offsets that the
+// launchers walk.
 at::Tensor checked_host_offsets(const at::Tensor& pin, const at::Tensor& pout, const at::Tensor& pair_offsets,
-                                int64_t num_in, int64_t num_out, const at::Tensor* count = nullptr) {
+                                int64_t num_in, int64_t num_out, const std::optional<at::Tensor>& map_info,
+                                const at::Tensor* count = nullptr) {
+  if (map_info.has_value() && map_info->defined())  // count is trusted with the map (checks.h)
+    return check_pair_rows(pin, pout, pair_offsets, num_in, num_out, map_info).offsets;
   const bool with_count = count != nullptr && pin.size(0) > 0 && count->size(0) > 0;
   at::Tensor smallest;
   if (with_count) {
@@ -27,7 +31,7 @@ at::Tensor checked_host_offsets(const at::Tensor& pin, const at::Tensor& pout, c
     at::Tensor rows = pout.to(at::kLong).clamp(0, count->size(0) - 1);
     smallest = count->index_select(0, rows).min().reshape({1});
   }
-  HostPairOffsets host = check_pair_rows(pin, pout, pair_offsets, num_in, num_out, smallest);
+  HostPairOffsets host = check_pair_rows(pin, pout, pair_offsets, num_in, num_out, std::nullopt, smallest);
   if (count != nullptr && pin.size(0) > 0)  // every output a pair reaches needs count >= 1: the backward divides
     TORCH_CHECK_VALUE(with_count && host.extra.const_data_ptr<int64_t>()[0] >= 1,
                       "count must be >= 1 for every output reached by a pair");
@@ -35,11 +39,11 @@ at::Tensor checked_host_offsets(const at::Tensor& pin, const at::Tensor& pout, c
 }
 
 at::Tensor indice_maxpool_gpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
-                              const at::Tensor& pair_offsets, int64_t num_out) {
+                              const at::Tensor& pair_offsets, int64_t num_out, const std::optional<at::Tensor>& map_info) {
   check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
   c10::DeviceGuard guard(features.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out);
+  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out, map_info);
   at::Tensor x = features.contiguous();
   // Max only selects, so the output can stay in the storage dtype: equal to computing in FP32 and rounding.
   at::Tensor out = at::zeros({num_out, x.size(1)}, x.options());
@@ -53,11 +57,12 @@ at::Tensor indice_maxpool_gpu(const at::Tensor& features, const at::Tensor& pair
 
 at::Tensor indice_maxpool_backward_gpu(const at::Tensor& features, const at::Tensor& out_features,
                                        const at::Tensor& out_grad, const at::Tensor& pair_in,
-                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                                       const std::optional<at::Tensor>& map_info) {
   check_maxpool_backward_args(features, out_features, out_grad, pair_in, pair_out, pair_offsets);
   c10::DeviceGuard guard(features.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), out_features.size(0));
+  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), out_features.size(0), map_info);
   // The kernel reads one dtype. Mixed dtypes (not what autograd passes) go through the compute type, exactly
   // as the CPU glue converts each of them.
   const auto t = features.scalar_type();
@@ -79,11 +84,11 @@ at::Tensor indice_maxpool_backward_gpu(const at::Tensor& features, const at::Ten
 
 std::tuple<at::Tensor, at::Tensor> indice_avgpool_gpu(const at::Tensor& features, const at::Tensor& pair_in,
                                                       const at::Tensor& pair_out, const at::Tensor& pair_offsets,
-                                                      int64_t num_out) {
+                                                      int64_t num_out, const std::optional<at::Tensor>& map_info) {
   check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
   c10::DeviceGuard guard(features.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out);
+  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out, map_info);
   at::Tensor x = features.contiguous();
   at::Tensor acc = at::zeros({num_out, x.size(1)}, x.options().dtype(acc_type(x.scalar_type())));
   at::Tensor count = at::zeros({num_out}, pin.options());
@@ -97,11 +102,11 @@ std::tuple<at::Tensor, at::Tensor> indice_avgpool_gpu(const at::Tensor& features
 
 at::Tensor indice_avgpool_backward_gpu(const at::Tensor& out_grad, const at::Tensor& count,
                                        const at::Tensor& pair_in, const at::Tensor& pair_out,
-                                       const at::Tensor& pair_offsets, int64_t num_in) {
+                                       const at::Tensor& pair_offsets, int64_t num_in, const std::optional<at::Tensor>& map_info) {
   check_avgpool_backward_args(out_grad, count, pair_in, pair_out, pair_offsets, num_in);
   c10::DeviceGuard guard(out_grad.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), cnt = count.contiguous();
-  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, num_in, out_grad.size(0), &cnt);
+  at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, num_in, out_grad.size(0), map_info, &cnt);
   at::Tensor dy = out_grad.contiguous();
   at::Tensor dx = at::zeros({num_in, dy.size(1)}, dy.options().dtype(acc_type(dy.scalar_type())));
   check_launch(gpu::avgpool_backward(gpu_dtype(dy.scalar_type()), dy.const_data_ptr(), cnt.const_data_ptr<int32_t>(),

@@ -5,6 +5,7 @@
 
 #include <limits>
 
+#include "../checks.h"
 #include "../voxel_checks.h"
 #include "../op_library.h"
 #include "gpu_common.h"
@@ -42,7 +43,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> point_to_voxel_gpu(
                                      first.mutable_data_ptr<int32_t>(), stream),
                "p2v_first_points");
   at::Tensor rank = at::cumsum(first, 0, at::kInt);
-  const int64_t total = rank[n - 1].item<int64_t>();
+  const int64_t total = to_host(rank[n - 1]).item<int64_t>();
   const int64_t m = std::min(total, max_num_voxels);
   auto [voxels, indices, num_per_voxel] = voxel_outputs(m, spec.ndim, max_num_points_per_voxel, c, opts);
   check_launch(gpu::p2v_assign(keys.const_data_ptr<int64_t>(), n, first.const_data_ptr<int32_t>(),
