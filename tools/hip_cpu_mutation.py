@@ -79,11 +79,14 @@ MUTATIONS = [
              "at::empty({max_count, c_dst}, src.options().dtype(acc.scalar_type()))",
              "at::empty({max_count, c_dst}, src.options())", ["test/test_gpu_native_accumulation.py"],
              why="native route: each offset's FP16/BF16 GEMM result is rounded to 16 bits before the FP32 scatter"),
-    Mutation("fused_order_unchecked", "csrc/ops/gpu/fused_gpu.cpp", "  check_fused_tables(nbr, order, x.size(0));\n",
+    Mutation("fused_order_unchecked", "csrc/ops/gpu/fused_gpu.cpp", "  check_fused_tables(nbr, order, x.size(0), map_info);\n",
              "", ["test/test_fused_table_checks.py"], why="fused_conv reads nbr / order without checking them"),
     Mutation("hash_insert_unbounded", "csrc/hip/kernel_map.cu", "for (int64_t probe = 0; probe < cap; ++probe) {",
              "for (int64_t probe = 0;; ++probe) {", ["test/test_gpu_hash_bounds.py", "-k", "full_hash_table"],
              why="kernel-map hash insert probes forever once the table is full"),
+    Mutation("map_info_ignored", "csrc/ops/checks.cpp", "  if (auto info = read_map_info(map_info, kvol, npairs)) {",
+             "  if (auto info = std::optional<MapInfo>()) {", ["test/test_hip_cpu_host_syncs.py"],
+             why="the ops copy the pairs' extremes to the host on every call although the map's record is given"),
 ]
 
 
