@@ -116,15 +116,16 @@ idx = synthetic_scene().to(dev)
 n = idx.shape[0]
 shape = [41, 1600, 1408]
 t0 = time.time()
-_, pin, pout, poff = ops.get_indice_pairs(idx, 1, shape, shape, [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False)
+_, pin, pout, poff, info, _ = ops.get_indice_pairs(idx, 1, shape, shape, [3] * 3, [1] * 3, [1] * 3, [1] * 3, True,
+                                                   False)  # info: the host record, so the ops below never sync
 torch.cuda.synchronize()
 map_ms = bench(lambda: ops.get_indice_pairs(idx, 1, shape, shape, [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False),
                3, 10)[0]
 P = pin.numel()
 print(f"voxels {n}, pairs {P} ({P / n:.2f} per voxel); kernel map (GPU, subm) {map_ms:.3f} ms")
 m = Maps(pin, pout, poff, n, n)
-fused_tabs = {s: ops.build_fused_map(pin, pout, poff, n, s) for s in (1, 2)}
-map_fused_ms = bench(lambda: ops.build_fused_map(pin, pout, poff, n, 1), 3, 10)[0]
+fused_tabs = {s: ops.build_fused_map(pin, pout, poff, n, s, info) for s in (1, 2)}
+map_fused_ms = bench(lambda: ops.build_fused_map(pin, pout, poff, n, 1, info), 3, 10)[0]
 print(f"fused table build {map_fused_ms:.3f} ms")
 rows = []
 for dtype, C in ((torch.float16, 256), (torch.float16, 128), (torch.float16, 64), (torch.bfloat16, 256),
@@ -136,14 +137,14 @@ for dtype, C in ((torch.float16, 256), (torch.float16, 128), (torch.float16, 64)
     flops = 2.0 * P * C * C
     res = {}
     for s in (1, 2):
-        res[f"fused_s{s}"] = bench(lambda: ops.fused_conv(x, w, *fused_tabs[s]))
-    res["native"] = bench(lambda: ops.indice_conv(x, w, pin, pout, poff, n))
+        res[f"fused_s{s}"] = bench(lambda: ops.fused_conv(x, w, *fused_tabs[s], info))
+    res["native"] = bench(lambda: ops.indice_conv(x, w, pin, pout, poff, n, info))
     a = torch.randn(P, C, device=dev).to(dtype)
     res["torch.mm"] = bench(lambda: torch.mm(a, w[0]))
-    rt = ops.build_fused_map(pout, pin, poff, n, 1)
+    rt = ops.build_fused_map(pout, pin, poff, n, 1, info)  # subm: the reversed map has the same row counts
     wt = w.transpose(1, 2).contiguous()
-    res["fused_bwd"] = bench(lambda: (ops.fused_conv(dy, wt, *rt), ops.fused_conv_dfilter(x, dy, pin, pout, poff)))
-    res["native_bwd"] = bench(lambda: ops.indice_conv_backward(x, w, dy, pin, pout, poff))
+    res["fused_bwd"] = bench(lambda: (ops.fused_conv(dy, wt, *rt, info), ops.fused_conv_dfilter(x, dy, pin, pout, poff, info)))
+    res["native_bwd"] = bench(lambda: ops.indice_conv_backward(x, w, dy, pin, pout, poff, info))
     ref = ops.indice_conv(x.float(), w.float(), pin, pout, poff, n)
     err = (ops.fused_conv(x, w, *fused_tabs[1]).float() - ref).norm().item()
     path = ops.fused_conv_path(x)
