@@ -135,8 +135,10 @@ HostFacts fetch_facts(const at::Tensor& indices, int64_t batch_size, const ConvG
   return f;
 }
 
-at::Tensor host_offsets(const at::Tensor& counts_host) {
-  return at::cat({at::zeros({1}, counts_host.options()), at::cumsum(counts_host, 0)});
+// pair_offsets from the pairs per offset, on the counts' device (the device copy is made there, not uploaded:
+// an upload from pageable memory would wait for the stream).
+at::Tensor offsets_of(const at::Tensor& counts) {
+  return at::cat({at::zeros({1}, counts.options()), at::cumsum(counts, 0)});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
@@ -169,12 +171,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     check_launch(gpu::subm_neighbors(ip, n, g, hkeys.const_data_ptr<int64_t>(), hvals.const_data_ptr<int32_t>(), cap,
                                      nbr.mutable_data_ptr<int32_t>(), stream),
                  "subm_neighbors");
-    const HostFacts f = fetch_facts(indices, batch_size, g, {flags}, nbr.ge(0).sum(0));
+    const at::Tensor counts = nbr.ge(0).sum(0);
+    const HostFacts f = fetch_facts(indices, batch_size, g, {flags}, counts);
     check_table_not_full(static_cast<int32_t>(f.flags()[1]), cap);
     if (f.flags()[0] != INT32_MAX) raise_duplicate(to_host(indices_arg).contiguous(), g);
-    const at::Tensor offsets = host_offsets(f.counts());
+    const at::Tensor offsets = offsets_of(f.counts());
     compact(nbr, offsets.const_data_ptr<int64_t>()[g.kvol], /*rows_are_outputs=*/true, pair_in, pair_out);
-    return {indices_arg.clone(), pair_in, pair_out, offsets.to(indices.device()),  // outputs may not alias inputs
+    return {indices_arg.clone(), pair_in, pair_out, offsets_of(counts),  // outputs may not alias inputs
             make_map_info(offsets, n, n, /*repeat_free=*/true), nbr};
   }
 
@@ -191,9 +194,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                "hash_insert_keys");
   const auto [in_key, by_key] = input_keys(indices, g);
   // Every valid candidate reaches an output (all were inserted), so its offset's pair count is known now.
+  const at::Tensor counts = keys.view({n, g.kvol}).ge(0).sum(0);
   const HostFacts f = fetch_facts(indices, batch_size, g,
-                                  {full, hkeys.ge(0).sum().reshape({1}), any_duplicate(in_key, by_key)},
-                                  keys.view({n, g.kvol}).ge(0).sum(0));
+                                  {full, hkeys.ge(0).sum().reshape({1}), any_duplicate(in_key, by_key)}, counts);
   check_table_not_full(static_cast<int32_t>(f.flags()[0]), cap);
   const int64_t num_out = f.flags()[1];
   TORCH_CHECK_VALUE(num_out < (int64_t{1} << 31), "too many output coordinates: ", num_out);
@@ -216,9 +219,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   check_launch(gpu::decode_keys(uniq.const_data_ptr<int64_t>(), num_out, g, /*use_out_shape=*/true,
                                 out_indices.mutable_data_ptr<int32_t>(), stream),
                "decode_keys");
-  const at::Tensor offsets = host_offsets(f.counts());
+  const at::Tensor offsets = offsets_of(f.counts());
   compact(table, offsets.const_data_ptr<int64_t>()[g.kvol], /*rows_are_outputs=*/false, pair_in, pair_out);
-  return {out_indices, pair_in, pair_out, offsets.to(indices.device()),
+  return {out_indices, pair_in, pair_out, offsets_of(counts),
           make_map_info(offsets, n, num_out, /*repeat_free=*/f.flags()[2] == 0), table};
 }
 
