@@ -86,11 +86,13 @@ def _check_inverse(inv, y, x, groups):
     return z
 
 
-# Channel shapes the CPU kernels specialise on: depthwise with a full 64-column tile, a masked tail and several
-# tiles; groups with 8/16/32/80 channels per group (vector tiles), 3 (portable loops) and 1 -> 2 (multiplier).
+# Channel shapes the CPU kernels specialise on: depthwise with whole vector tiles, a masked tail and several
+# tiles; groups with 8 outputs per group (AVX2 tiles), 16 outputs from 8 inputs (AVX-512 row tiles, one group and
+# eight groups at once), 16/32/80 channels per group (pairs bucketed by offset, 1-4 vector tails), 3 (portable
+# loops) and 1 -> 2 (a channel multiplier).
 @pytest.mark.parametrize("cin,cout,groups", [(64, 64, 64), (40, 40, 40), (136, 136, 136), (32, 32, 4),
-                                             (64, 64, 4), (128, 128, 8), (128, 128, 4), (160, 160, 2), (9, 9, 3),
-                                             (8, 16, 8), (16, 16, 16)])
+                                             (32, 64, 4), (64, 128, 8), (64, 64, 4), (128, 128, 8), (128, 128, 4),
+                                             (160, 160, 2), (9, 9, 3), (8, 16, 8), (16, 16, 16)])
 def test_channel_shapes_subm3d(cin, cout, groups):
     torch.manual_seed(cin + groups)
     layer = _layer("subm", 3, cin, cout, groups)
@@ -307,16 +309,16 @@ def test_ops_bad_input_raise():
 
 def test_deterministic_across_threads():
     torch.manual_seed(0)
-    x = random_sparse(3, [24, 24, 16], 1, 64, density=0.3, seed=2)
+    x = random_sparse(3, [24, 24, 16], 1, 128, density=0.3, seed=2)
     results = []
     old = torch.get_num_threads()
     try:
         for threads in (1, 2, 1):
             torch.set_num_threads(threads)
             outs = []
-            for groups in (64, 4):
+            for groups in (128, 8, 4):  # depthwise, the single-pass backward, the GEMM dW
                 torch.manual_seed(1)
-                layer = _layer("subm", 3, 64, 64, groups)
+                layer = _layer("subm", 3, 128, 128, groups)
                 xf = x.replace_feature(x.features.clone().requires_grad_(True))
                 y = layer(xf)
                 (y.features * torch.arange(y.features.numel()).view_as(y.features).sin()).sum().backward()
