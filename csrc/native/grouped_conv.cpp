@@ -367,6 +367,50 @@ constexpr GroupTile kGroupTiles512Single[] = {group_tile512<1, 1>, group_tile512
                                               group_tile512<4, 1>, group_tile512<5, 1>, group_tile512<6, 1>,
                                               group_tile512<7, 1>, group_tile512<8, 1>};
 
+// Depthwise backward of one input row i, columns [c0, c0 + n) (n <= 16 * NV): as depthwise_backward_tile, in
+// one pass for a 128-channel row; each element's chains are the AVX2 tile's.
+template <int NV>
+SPCONV_TARGET_AVX512 void depthwise_backward_tile512(const float* x, const float* w, const float* dy, int64_t C,
+                                                     const PairList& l, int64_t i, int64_t c0, int64_t n, float* dx,
+                                                     float* part) {
+  __m512 acc[NV], xi[NV];
+  __mmask16 m[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) {
+    m[v] = lanes16(n - 16 * v);
+    acc[v] = _mm512_setzero_ps();
+    xi[v] = _mm512_maskz_loadu_ps(m[v], x + i * C + c0 + 16 * v);
+  }
+  for (int64_t j = 0; j < l.n; ++j) {
+    const float* d = dy + int64_t{l.other[j]} * C + c0;
+    const float* wk = w + int64_t{l.offset[j]} * C + c0;
+    float* pk = part + int64_t{l.offset[j]} * C + c0;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __m512 dv = _mm512_maskz_loadu_ps(m[v], d + 16 * v);
+      acc[v] = _mm512_fmadd_ps(dv, _mm512_maskz_loadu_ps(m[v], wk + 16 * v), acc[v]);
+      _mm512_mask_storeu_ps(pk + 16 * v, m[v], _mm512_fmadd_ps(xi[v], dv, _mm512_maskz_loadu_ps(m[v], pk + 16 * v)));
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(dx + i * C + c0 + 16 * v, m[v], acc[v]);
+}
+
+constexpr DepthwiseBackwardTile kDepthwiseBackwardTiles512[] = {
+    depthwise_backward_tile512<1>, depthwise_backward_tile512<2>, depthwise_backward_tile512<3>,
+    depthwise_backward_tile512<4>, depthwise_backward_tile512<5>, depthwise_backward_tile512<6>,
+    depthwise_backward_tile512<7>, depthwise_backward_tile512<8>};
+
+bool depthwise_backward_rows_avx512(const float* x, const float* w, const float* dy, int64_t C,
+                                    const GroupedRows& s, int64_t i0, int64_t i1, float* dx, float* part) {
+  return walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
+    for (int64_t c0 = 0; c0 < C; c0 += 128) {
+      const int64_t n = std::min<int64_t>(128, C - c0);
+      kDepthwiseBackwardTiles512[(n + 15) / 16 - 1](x, w, dy, C, l, i, c0, n, dx, part);
+    }
+  });
+}
+
 bool forward_rows_avx512(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
                          int64_t r0, int64_t r1, float* y) {
   if (cig == 1 && cog == 1) {
@@ -411,6 +455,8 @@ bool backward_rows(bool avx2, const T* x, const T* wt, const T* dy, int64_t G, i
                    const GroupedRows& s, int64_t i0, int64_t i1, T* dx, T* part) {
 #if SPCONV_HAVE_AVX2_PATH
   if constexpr (std::is_same_v<T, float>) {
+    if (avx2 && cig == 1 && cog == 1 && cpu_has_avx512f())
+      return depthwise_backward_rows_avx512(x, wt, dy, G, s, i0, i1, dx, part);
     if (avx2 && cig == 1 && cog == 1) return depthwise_backward_rows_avx2(x, wt, dy, G, s, i0, i1, dx, part);
   }
 #endif
