@@ -346,3 +346,30 @@ def test_torch_compile_grouped_net():
     xg = x.replace_feature(x.features.clone().requires_grad_(True))
     compiled(xg).sum().backward()
     assert xg.features.grad is not None and xg.features.grad.abs().sum() > 0
+
+
+class _GroupedModel(torch.nn.Module):
+    """Dense tensors in, dense tensors out (as test_compile's model), every grouped route inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = spconv.SparseSequential(
+            spconv.SubMConv3d(8, 8, 3, groups=8, indice_key="a"), torch.nn.ReLU(),
+            spconv.SubMConv3d(8, 16, 3, groups=4, indice_key="a"),
+            spconv.SparseConv3d(16, 16, 3, 2, 1, groups=2, indice_key="d"),
+            spconv.SubMConv3d(16, 16, 1, groups=4),
+            spconv.SparseInverseConv3d(16, 8, 3, indice_key="d", groups=8))
+
+    def forward(self, features, indices):
+        return self.net(spconv.SparseConvTensor(features, indices, [8, 8, 8], 1)).features
+
+
+def test_fullgraph_dynamic_inference_bitwise():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _GroupedModel().eval()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+        for seed, density in ((0, 0.3), (1, 0.15)):
+            x = random_sparse(3, [8, 8, 8], 1, 8, density=density, seed=seed)
+            assert torch.equal(compiled(x.features, x.indices), model(x.features, x.indices))
