@@ -145,3 +145,26 @@ def test_dfilter_splits_match_cpu(hip_cpu, cin, cout, groups):
     wdx, wdw = cpu.grouped_conv_backward(x.features, filters, dy, nbr_t)
     gdx, gdw = hip_cpu.grouped_conv_backward(x.features, filters, dy, nbr_t)
     assert rel(gdx, wdx) < 1e-5 and rel(gdw, wdw) < 1e-5
+
+
+@pytest.mark.parametrize("force_native", [False, True])
+def test_duplicate_coordinates_match_cpu(hip_cpu, force_native):
+    """A grouped regular conv over repeated coordinates: the GPU routes split the map into rounds, the CPU sums
+    the repeats in its pairs route; same numbers."""
+    torch.manual_seed(2)
+    x = random_sparse(3, [6, 7, 5], 1, 6, density=0.3, seed=4)
+    dup = torch.arange(0, x.indices.shape[0], 4)
+    xd = spconv.SparseConvTensor(torch.cat([x.features, torch.randn(len(dup), 6)]),
+                                 torch.cat([x.indices, x.indices[dup]]), x.spatial_shape, 1)
+    layer = spconv.SparseConv3d(6, 9, 3, 2, 1, groups=3)
+    want = _run(layer, xd)
+    old = constants.SPCONV_FORCE_NATIVE
+    constants.SPCONV_FORCE_NATIVE = force_native
+    try:
+        with _backend.gpu_code_on_cpu(hip_cpu.name):
+            got = _run(layer, xd)
+    finally:
+        constants.SPCONV_FORCE_NATIVE = old
+    assert rel(got[0], want[0]) < 1e-5 and rel(got[1], want[1]) < 1e-5
+    for n in want[2]:
+        assert rel(got[2][n], want[2][n]) < 1e-5, n
