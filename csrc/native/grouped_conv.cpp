@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <vector>
 
 #include "simd.h"
@@ -64,6 +65,21 @@ bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body) {
     body(r, PairList{other.data(), offset.data(), n});
   }
   return !bad;
+}
+
+// Runs task(t) for t in [0, n): workers (make_worker() builds each one's task, with its scratch) take the tasks
+// one at a time off a shared counter. Pair density varies a lot across a scan, so a static split of the rows
+// left one thread idle for a large part of the run. Every task writes only its own rows or partial: which
+// worker ran it never changes the bits.
+template <typename MakeWorker>
+void run_tasks(int64_t n, const MakeWorker& make_worker) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::clamp<int64_t>(at::get_num_threads(), 1, n);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    auto task = make_worker();
+    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < n;) task(t);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -544,10 +560,10 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "grouped_weight_grad", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
-    at::parallel_for(0, static_cast<int64_t>(segs.size()), 1, [&](int64_t t0, int64_t t1) {
-      OneThreadGemm guard;
+    run_tasks(static_cast<int64_t>(segs.size()), [&] {
+      auto guard = std::make_shared<OneThreadGemm>();
       at::Tensor a = at::empty({rows, cin}, x.options()), b = at::empty({rows, cout}, x.options());
-      for (int64_t t = t0; t < t1; ++t) {
+      return [&, guard, a, b](int64_t t) {
         const Segment& sg = segs[t];
         at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
         for (int64_t c0 = sg.begin; c0 < sg.end; c0 += rows) {
@@ -561,7 +577,7 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
             else out.addmm_(lhs, rhs);
           }
         }
-      }
+      };
     });
   });
   for (const Segment& sg : segs)
@@ -637,10 +653,9 @@ bool forward_bucketed(const float* x, const float* w, int64_t G, int64_t cig, in
   const int64_t cin = G * cig, cout = G * cog, kvol = s.kvol;
   const int64_t n_blocks = (s.rows + kBucketBlockRows - 1) / kBucketBlockRows;
   std::atomic<bool> ok{true};
-  at::parallel_for(0, n_blocks, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<int64_t> start(kvol + 1), cur(kvol);
-    std::vector<int32_t> dst, src;
-    for (int64_t b = b0; b < b1; ++b) {
+  run_tasks(n_blocks, [&] {
+    return [&, start = std::vector<int64_t>(kvol + 1), cur = std::vector<int64_t>(kvol), dst = std::vector<int32_t>(),
+            src = std::vector<int32_t>()](int64_t b) mutable {
       const int64_t r0 = b * kBucketBlockRows, r1 = std::min(s.rows, r0 + kBucketBlockRows);
       std::fill(start.begin(), start.end(), 0);
       if (!walk_rows(s, r0, r1, [&](int64_t, const PairList& l) {
@@ -677,7 +692,7 @@ bool forward_bucketed(const float* x, const float* w, int64_t G, int64_t cig, in
           }
         }
       }
-    }
+    };
   });
   return ok;
 }
@@ -700,8 +715,11 @@ bool grouped_forward(const at::Tensor& x, const at::Tensor& w, const GroupedRows
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* wp = w.const_data_ptr<scalar_t>();
     scalar_t* yp = y.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, rows.rows, kRowGrain, [&](int64_t r0, int64_t r1) {
-      if (!forward_rows(avx2, xp, wp, G, cig, cog, rows, r0, r1, yp)) ok = false;
+    run_tasks((rows.rows + kRowGrain - 1) / kRowGrain, [&] {
+      return [&](int64_t t) {
+        const int64_t r0 = t * kRowGrain, r1 = std::min(rows.rows, r0 + kRowGrain);
+        if (!forward_rows(avx2, xp, wp, G, cig, cog, rows, r0, r1, yp)) ok = false;
+      };
     });
   });
   return ok;
@@ -739,13 +757,13 @@ bool grouped_backward(const at::Tensor& x, const at::Tensor& wt, const at::Tenso
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
     scalar_t* pp = part.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, n_blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
+    run_tasks(n_blocks, [&] {
+      return [&](int64_t b) {
         scalar_t* pb = pp + b * slice;
         std::fill(pb, pb + slice, scalar_t(0));  // here, so each block's partial is first touched in its task
         const int64_t i0 = b * block, i1 = std::min(n_in, i0 + block);
         if (i0 < i1 && !backward_rows(avx2, xp, wp, gp, G, cig, cog, rows, i0, i1, dxp, pb)) ok = false;
-      }
+      };
     });
   });
   // The partials in block order: a fixed order, so the bits don't depend on the thread count.
