@@ -2,7 +2,8 @@
 // Forward (and dinput, on the reversed table with transposed filters): one thread per (row, output channel)
 // sums its group's cig input channels over the row's offsets, in offset order, in an FP32 (FP64) register,
 // and writes once: output-stationary, no atomics. Consecutive threads take consecutive channels of one row,
-// so a depthwise layer's loads and stores are coalesced row segments: it runs at memory speed.
+// so a depthwise layer's loads and stores are coalesced row segments (a memory-bound layer needs nothing else;
+// not yet timed on a GPU).
 // dfilter: one thread per (split of input rows, filter element) sums its rows' products into a workspace
 // slot of its own; a second kernel adds the splits in split order: deterministic, no atomics.
 // Filters [kvol, G, cig, cog]; features row-major contiguous; table entries outside [0, n_src) are skipped
