@@ -78,5 +78,12 @@ inline void check_indice_conv_grouped_args(const at::Tensor& features, const at:
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
 }
 
+// The pairs' rows checked against the row counts (check_pair_rows); returns the host copy of pair_offsets. The
+// grouped glue checks a map through this one call only.
+inline at::Tensor checked_pair_offsets(const at::Tensor& pair_in, const at::Tensor& pair_out,
+                                       const at::Tensor& pair_offsets, int64_t num_in, int64_t num_out) {
+  return check_pair_rows(pair_in, pair_out, pair_offsets, num_in, num_out).offsets;
+}
+
 }  // namespace ops
 }  // namespace spconv

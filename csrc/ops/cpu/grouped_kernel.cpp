@@ -68,7 +68,7 @@ at::Tensor indice_conv_grouped_cpu(const at::Tensor& features, const at::Tensor&
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous(), w = filters.to(ct).contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, x.size(0), num_out);
+  checked_pair_offsets(pin, pout, po, x.size(0), num_out);
   const int64_t kvol = w.size(0);
   const native::PairsByRow g = native::group_pairs_by_row(pout.const_data_ptr<int32_t>(),
                                                           pin.const_data_ptr<int32_t>(),
@@ -90,7 +90,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_grouped_backward_cpu(const at::Te
   at::Tensor x = features.to(ct).contiguous(), dy = out_grad.to(ct).contiguous();
   at::Tensor wt = filters.to(ct).transpose(2, 3).contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, x.size(0), dy.size(0));
+  checked_pair_offsets(pin, pout, po, x.size(0), dy.size(0));
   const int64_t kvol = wt.size(0);
   const native::PairsByRow g = native::group_pairs_by_row(pin.const_data_ptr<int32_t>(),
                                                           pout.const_data_ptr<int32_t>(),

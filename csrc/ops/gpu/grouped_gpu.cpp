@@ -113,7 +113,7 @@ at::Tensor indice_conv_grouped_gpu(const at::Tensor& features, const at::Tensor&
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), num_out).offsets;
+  at::Tensor po = checked_pair_offsets(pin, pout, pair_offsets, x.size(0), num_out);
   const auto at_ = acc_type(x.scalar_type());
   at::Tensor acc = at::zeros({num_out, filters.size(1) * filters.size(3)}, x.options().dtype(at_));
   gather_group_mm_scatter(x, filters.to(at_).contiguous(), pin, pout, po, acc, stream);
@@ -132,7 +132,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_grouped_backward_gpu(const at::Te
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), dy = out_grad.contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), dy.size(0)).offsets;
+  at::Tensor po = checked_pair_offsets(pin, pout, pair_offsets, x.size(0), dy.size(0));
   const auto at_ = acc_type(x.scalar_type());
   const int64_t kvol = filters.size(0), G = filters.size(1), cig = filters.size(2), cog = filters.size(3);
   at::Tensor dx = at::zeros({x.size(0), G * cig}, x.options().dtype(at_));
