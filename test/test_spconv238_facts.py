@@ -17,7 +17,8 @@ DATA = os.path.join(HERE, "data", "spconv238_facts.json")
 WORKER = os.path.join(HERE, "reference_worker.py")
 
 # Keyword-only parameters this package adds after spconv's own (a positional call means what it means there).
-ALLOWED_EXTRA_KEYWORDS = {"act_type", "act_alpha", "act_beta", "output_padding"}
+# groups: keyword-only on the inverse convs, whose spconv 2.x signature lacks it (the other convs have it).
+ALLOWED_EXTRA_KEYWORDS = {"act_type", "act_alpha", "act_beta", "output_padding", "groups"}
 
 # spconv 2.3.8 names deliberately absent here, with the reason. Anything else spconv defines must resolve.
 ABSENT = {

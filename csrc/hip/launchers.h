@@ -80,6 +80,19 @@ int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pa
 int fused_forward_body(int32_t* out, void* stream);
 const char* fused_body_name(DType t, int32_t body);
 
+// ---- grouped convolution (csrc/hip/grouped_conv.cu; section owner: groups) ----
+// Filters w [kvol, groups, cig, cog]; dtype t F32/F16/BF16/F64 with FP32 (F64: FP64) accumulation.
+// y [n_rows, groups*cog] = per row r, sum over k with 0 <= nbr[r, k] < n_src of x[nbr[r, k], group] @ w[k, group];
+// every element written once (no atomics). dinput: the reversed table and w transposed to [kvol, G, cog, cig].
+int grouped_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr, int64_t n_rows, int64_t kvol,
+                         int64_t n_src, int64_t groups, int64_t cig, int64_t cog, void* y, void* stream);
+// dw [kvol, groups, cig, cog] = sum over input rows i and offsets k with 0 <= nbr_t[i, k] < n_dst of
+// x[i, group]^T dy[nbr_t[i, k], group]: `splits` fixed chunks of rows into workspace [splits, dw.numel()]
+// (F32; F64 for F64), then added in chunk order. Deterministic, no atomics.
+int grouped_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* nbr_t, int64_t n_in, int64_t kvol,
+                         int64_t n_dst, int64_t groups, int64_t cig, int64_t cog, int64_t splits, void* workspace,
+                         void* dw, void* stream);
+
 // ---- point to voxel (csrc/hip/point_to_voxel.cu; section owner: voxel) ----
 // Grid in zyx order (ndim <= 4): vsize, lower corner lo, grid = voxels per dimension; dimension j reads
 // point column ndim - 1 - j. points [n, c] of dtype t (F32/F64).

@@ -100,4 +100,24 @@ SPCONV_SCHEMA(m) {
       "hash_table_insert_exist_keys(Tensor table_keys, Tensor(a!) table_values, Tensor keys, Tensor values) "
       "-> Tensor is_empty");
   // ---- end voxelization and hash table ----
+
+  // ---- grouped and depthwise convolution (section owner: groups) ----
+  // filters [kvol, G, Cin/G, Cout/G]: offset k, group g maps input channels [g*Cin/G, (g+1)*Cin/G) to output
+  // channels [g*Cout/G, (g+1)*Cout/G) (conv.py converts the [Cout, *kernel, Cin/G] weight). Each output row
+  // sums its pairs in kernel-offset order and is written once: deterministic, no atomics. FP16/BF16 accumulate
+  // in FP32, FP64 in FP64.
+  // Over neighbour tables (build_fused_map's nbr, cached per kernel map): nbr [num_out, kvol] (input row or -1)
+  // and its reverse nbr_t [num_in, kvol] (output row or -1), which only the backward reads (pass [0, kvol] when
+  // no gradient is needed). out [num_out, Cout].
+  m.def("grouped_conv(Tensor features, Tensor filters, Tensor nbr, Tensor nbr_t) -> Tensor");
+  // (d features, d filters) in one pass over the input rows of nbr_t.
+  m.def("grouped_conv_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor nbr_t) -> (Tensor, Tensor)");
+  // The same convolution over the kernel map's pairs (no table; the native GPU route, maps with repeats).
+  m.def(
+      "indice_conv_grouped(Tensor features, Tensor filters, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, "
+      "SymInt num_out) -> Tensor");
+  m.def(
+      "indice_conv_grouped_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor pair_in, "
+      "Tensor pair_out, Tensor pair_offsets) -> (Tensor, Tensor)");
+  // ---- end grouped convolution ----
 }

@@ -58,7 +58,8 @@ def convert_saved_weight(module, state_dict: Dict[str, torch.Tensor], prefix: st
     weight = state_dict.get(key)
     if not isinstance(weight, torch.Tensor):
         return
-    ndim, cout, cin = module.ndim, module.out_channels, module.in_channels
+    # A grouped conv's weight holds Cin/groups input channels per output channel, in every layout.
+    ndim, cout, cin = module.ndim, module.out_channels, module.in_channels // getattr(module, "groups", 1)
     ksize = list(module.kernel_size)
     layout = constants.SAVED_WEIGHT_LAYOUT
     if not layout:

@@ -17,7 +17,7 @@ from torch.nn.parameter import Parameter
 
 from spconv import constants
 from spconv.core import Activation, ConvAlgo
-from spconv.pytorch import _checkpoint, ops
+from spconv.pytorch import _checkpoint, _grouped, ops
 # ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
 from spconv.pytorch.core import (ImplicitGemmIndiceData, IndiceData, SparseConvTensor,  # noqa: F401
                                  check_unique_indices, expand_nd)
@@ -69,12 +69,11 @@ class SparseConvolutionBase:
                  fp32_accum: Optional[bool] = None, record_voxel_count: bool = False,
                  act_type=Activation.None_, act_alpha: float = 0, act_beta: float = 0,
                  large_kernel_fast_algo: bool = False):
-        if groups != 1:
-            raise ValueError(f"groups must be 1 (as in spconv 2.x), got {groups}")
         if not 1 <= ndim <= 4:
             raise ValueError(f"ndim must be 1..4, got {ndim}")
         if int(in_channels) <= 0 or int(out_channels) <= 0:
             raise ValueError(f"in_channels and out_channels must be positive, got {in_channels}, {out_channels}")
+        groups = _grouped.check_groups(int(in_channels), int(out_channels), groups)
         if algo is not None and not isinstance(algo, ConvAlgo):
             raise TypeError(f"algo must be a spconv.core.ConvAlgo or None, got {algo!r}")
         self.ndim = ndim
@@ -114,7 +113,8 @@ class SparseConvolutionBase:
         self.act_beta = act_beta
         if self.conv1x1 and self._act != "None_":
             raise ValueError("a 1x1 conv doesn't take a fused activation (as in spconv 2.x)")
-        self.weight_shape = [self.out_channels, *self.kernel_size, self.in_channels]
+        # Per group, as torch.nn.ConvNd: [Cout, *kernel, Cin/groups] (groups=1: spconv 2.x's KRSC weight).
+        self.weight_shape = [self.out_channels, *self.kernel_size, self.in_channels // groups]
 
 
 class SparseConvolution(SparseConvolutionBase, SparseModule):
@@ -152,7 +152,7 @@ class SparseConvolution(SparseConvolutionBase, SparseModule):
 
     def reset_parameters(self):
         # kaiming_uniform_(a=sqrt(5)) on the KRSC layout: bound = 1 / sqrt(fan_in), fan_in = Cin * kvol.
-        fan_in = self.in_channels * int(np.prod(self.kernel_size))
+        fan_in = self.in_channels // self.groups * int(np.prod(self.kernel_size))
         bound = 1.0 / math.sqrt(fan_in)
         init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:
@@ -165,6 +165,8 @@ class SparseConvolution(SparseConvolutionBase, SparseModule):
         # spconv 2.x's text: padding, dilation and output_padding are always printed.
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
              f"padding={self.padding}, dilation={self.dilation}, output_padding={self.output_padding}")
+        if self.groups != 1:
+            s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
         if self.algo is not None:
@@ -211,6 +213,10 @@ class SparseConvolution(SparseConvolutionBase, SparseModule):
         # A kernel-volume-1 inverse conv still restores the coordinates stored under its key (spconv 2.x would
         # return the downsampled ones), reading its weight like any other inverse conv.
         restore = self.inverse and input.find_indice_pair(self.indice_key) is not None
+        if self.conv1x1 and not restore and self.groups != 1:
+            out = _grouped.conv1x1_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups))
+            return input.with_structure(self._finish(out, bias), input.indices, out_spatial_shape,
+                                        input.indice_dict)
         if self.conv1x1 and not restore:
             out = torch.mm(features, weight.view(self.in_channels, self.out_channels))
             return input.with_structure(self._finish(out, bias), input.indices, out_spatial_shape,
@@ -252,7 +258,11 @@ class SparseConvolution(SparseConvolutionBase, SparseModule):
         counter = self.get_max_num_voxels()
         if counter is not None:  # spconv 2.x records in training and inference alike
             ops.maximum_value_int_(counter, outids.shape[0])
-        out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
+        if self.groups != 1:
+            out = _grouped.conv_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups), maps,
+                                        outids.shape[0])
+        else:
+            out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
         return input.with_structure(self._finish(out, bias), outids, out_spatial_shape, indice_dict)
 
     def _check_subm_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
@@ -332,9 +342,10 @@ class _SparseInverseConvNd(SparseConvolution):
 
     def __init__(self, in_channels, out_channels, kernel_size, indice_key, bias=True,
                  algo: Optional[ConvAlgo] = None, fp32_accum: Optional[bool] = None,
-                 large_kernel_fast_algo: bool = False, name=None, *, act_type=Activation.None_, act_alpha=0,
-                 act_beta=0):
-        super().__init__(self._NDIM, in_channels, out_channels, kernel_size, bias=bias, inverse=True,
+                 large_kernel_fast_algo: bool = False, name=None, *, groups=1, act_type=Activation.None_,
+                 act_alpha=0, act_beta=0):
+        # groups: keyword-only (spconv 2.x's inverse conv has no such argument).
+        super().__init__(self._NDIM, in_channels, out_channels, kernel_size, groups=groups, bias=bias, inverse=True,
                          indice_key=indice_key, algo=algo, fp32_accum=fp32_accum, act_type=act_type,
                          act_alpha=act_alpha, act_beta=act_beta, large_kernel_fast_algo=large_kernel_fast_algo,
                          name=name)

@@ -1,0 +1,777 @@
+#include "grouped_conv.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "simd.h"
+
+#if SPCONV_HAVE_AVX2_PATH
+#include <immintrin.h>
+#endif
+
+namespace spconv {
+namespace native {
+
+namespace {
+
+// Destination rows per parallel task of the forward: fixed, and each row is independent of the others.
+constexpr int64_t kRowGrain = 128;
+// Output columns accumulated in registers at a time (8 AVX vectors).
+constexpr int64_t kColTile = 64;
+
+// Backward: fixed blocks of input rows, each with its own dW partial (summed in block order). The block count
+// depends on the sizes only (never on the thread count) and is bounded by the partials' memory.
+constexpr int64_t kMinBlockRows = 1024, kMaxBlocks = 64, kPartialBudget = int64_t{16} << 20;
+// Beyond this many bytes of dW, a rank-1 update per pair streams the partial through the cache: dW goes by
+// per-offset GEMMs instead.
+constexpr int64_t kSinglePassPartialBytes = int64_t{256} << 10;
+
+// One destination row's pairs, in offset order: the other side's rows and the offsets.
+struct PairList {
+  const int32_t* other;
+  const int32_t* offset;
+  int64_t n;
+};
+
+// Hands body(r, pairs) every row of [r0, r1) in order. A table row is first compacted into its valid entries
+// without branches: which entries are valid is data, and a mispredicted branch per entry costs more than the
+// arithmetic of a depthwise row. Entries outside [-1, n_other) are skipped and make it return false.
+// (Software prefetching of the gathered rows, a few rows ahead, measured no gain: left out.)
+template <typename Body>
+bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body) {
+  if (s.table == nullptr) {
+    for (int64_t r = r0; r < r1; ++r)
+      body(r, PairList{s.other + s.start[r], s.offset + s.start[r], s.start[r + 1] - s.start[r]});
+    return true;
+  }
+  const int64_t kvol = s.kvol;
+  std::vector<int32_t> other(kvol), offset(kvol);
+  bool bad = false;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int32_t* t = s.table + r * kvol;
+    int64_t n = 0;
+    for (int64_t j = 0; j < kvol; ++j) {
+      const int32_t v = t[j];
+      const bool ok = v >= 0 && v < s.n_other;
+      bad |= !ok && v != -1;
+      other[n] = v;
+      offset[n] = static_cast<int32_t>(j);
+      n += ok;
+    }
+    body(r, PairList{other.data(), offset.data(), n});
+  }
+  return !bad;
+}
+
+// Runs task(t) for t in [0, n): workers (make_worker() builds each one's task, with its scratch) take the tasks
+// one at a time off a shared counter. Pair density varies a lot across a scan, so a static split of the rows
+// left one thread idle for a large part of the run. Every task writes only its own rows or partial: which
+// worker ran it never changes the bits.
+template <typename MakeWorker>
+void run_tasks(int64_t n, const MakeWorker& make_worker) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::clamp<int64_t>(at::get_num_threads(), 1, n);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    auto task = make_worker();
+    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < n;) task(t);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Portable loops (double; float on CPUs without AVX2/FMA, and shapes the vector loops don't take).
+
+template <typename T>
+bool forward_rows_base(const T* x, const T* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
+                       int64_t r0, int64_t r1, T* y) {
+  const int64_t cin = G * cig, cout = G * cog, wk_size = G * cig * cog;
+  return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+    T* yr = y + r * cout;
+    std::fill(yr, yr + cout, T(0));
+    for (int64_t j = 0; j < l.n; ++j) {
+      const T* xo = x + int64_t{l.other[j]} * cin;
+      const T* wk = w + int64_t{l.offset[j]} * wk_size;
+      if (cig == 1 && cog == 1) {  // depthwise: one product per channel
+        for (int64_t c = 0; c < cout; ++c) yr[c] += xo[c] * wk[c];
+        continue;
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        T* yg = yr + g * cog;
+        for (int64_t c = 0; c < cig; ++c) {
+          const T xv = xo[g * cig + c];
+          const T* wr = wk + (g * cig + c) * cog;
+          for (int64_t t = 0; t < cog; ++t) yg[t] += xv * wr[t];
+        }
+      }
+    }
+  });
+}
+
+// Input rows [i0, i1): dx rows and their pairs' share of dW into part [kvol, G, cig, cog] (zero on entry).
+template <typename T>
+bool backward_rows_base(const T* x, const T* wt, const T* dy, int64_t G, int64_t cig, int64_t cog,
+                        const GroupedRows& s, int64_t i0, int64_t i1, T* dx, T* part) {
+  const int64_t cin = G * cig, cout = G * cog, wk_size = G * cig * cog;
+  return walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
+    const T* xi = x + i * cin;
+    T* dxi = dx + i * cin;
+    std::fill(dxi, dxi + cin, T(0));
+    for (int64_t j = 0; j < l.n; ++j) {
+      const T* d = dy + int64_t{l.other[j]} * cout;
+      const T* wk = wt + int64_t{l.offset[j]} * wk_size;
+      T* pk = part + int64_t{l.offset[j]} * wk_size;
+      if (cig == 1 && cog == 1) {
+        for (int64_t c = 0; c < cin; ++c) {
+          dxi[c] += d[c] * wk[c];
+          pk[c] += xi[c] * d[c];
+        }
+        continue;
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const T* dg = d + g * cog;
+        T* dxg = dxi + g * cig;
+        for (int64_t t = 0; t < cog; ++t) {  // dx_g += dy_g @ W^T, W^T rows contiguous
+          const T dv = dg[t];
+          const T* wr = wk + (g * cog + t) * cig;
+          for (int64_t c = 0; c < cig; ++c) dxg[c] += dv * wr[c];
+        }
+        for (int64_t c = 0; c < cig; ++c) {  // dW_g += x_g^T dy_g
+          const T xv = xi[g * cig + c];
+          T* pr = pk + (g * cig + c) * cog;
+          for (int64_t t = 0; t < cog; ++t) pr[t] += xv * dg[t];
+        }
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AVX2/FMA loops for float: whole-vector loads, the last vector of a row masked.
+
+#if SPCONV_HAVE_AVX2_PATH
+SPCONV_TARGET_AVX2 inline __m256i tail_mask(int64_t lanes) {  // the first `lanes` (0-8) lanes set
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+SPCONV_TARGET_AVX2 inline __m256 load_n(const float* p, int64_t lanes) {
+  return lanes >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail_mask(lanes));
+}
+
+SPCONV_TARGET_AVX2 inline void store_n(float* p, __m256 v, int64_t lanes) {
+  if (lanes >= 8) _mm256_storeu_ps(p, v);
+  else _mm256_maskstore_ps(p, tail_mask(lanes), v);
+}
+
+// Depthwise forward, columns [c0, c0 + n) of one row (n <= 8 * NV), over its pairs.
+template <int NV>
+SPCONV_TARGET_AVX2 void depthwise_tile(const float* x, const float* w, int64_t C, const PairList& l, int64_t c0,
+                                       int64_t n, float* yrow) {
+  __m256 acc[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
+  if (n == 8 * NV) {  // whole vectors (the common case: no per-vector lane test)
+    for (int64_t j = 0; j < l.n; ++j) {
+      const float* xo = x + int64_t{l.other[j]} * C + c0;
+      const float* wk = w + int64_t{l.offset[j]} * C + c0;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(_mm256_loadu_ps(xo + 8 * v), _mm256_loadu_ps(wk + 8 * v), acc[v]);
+    }
+  } else {
+    for (int64_t j = 0; j < l.n; ++j) {
+      const float* xo = x + int64_t{l.other[j]} * C + c0;
+      const float* wk = w + int64_t{l.offset[j]} * C + c0;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        acc[v] = _mm256_fmadd_ps(load_n(xo + 8 * v, n - 8 * v), load_n(wk + 8 * v, n - 8 * v), acc[v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) store_n(yrow + c0 + 8 * v, acc[v], n - 8 * v);
+}
+
+// Grouped forward, group g, columns [t0, t0 + 8 * NV) of the group's cog (a multiple of 8), one row.
+template <int NV>
+SPCONV_TARGET_AVX2 void group_tile(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog,
+                                   const PairList& l, int64_t g, int64_t t0, float* yrow) {
+  __m256 acc[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
+  const int64_t cin = G * cig;
+  for (int64_t j = 0; j < l.n; ++j) {
+    const float* xo = x + int64_t{l.other[j]} * cin + g * cig;
+    const float* wg = w + ((int64_t{l.offset[j]} * G + g) * cig) * cog + t0;
+    for (int64_t c = 0; c < cig; ++c) {
+      const __m256 xb = _mm256_broadcast_ss(xo + c);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wg + c * cog + 8 * v), acc[v]);
+    }
+  }
+  float* yg = yrow + g * cog + t0;
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) _mm256_storeu_ps(yg + 8 * v, acc[v]);
+}
+
+using DepthwiseTile = void (*)(const float*, const float*, int64_t, const PairList&, int64_t, int64_t, float*);
+constexpr DepthwiseTile kDepthwiseTiles[] = {depthwise_tile<1>, depthwise_tile<2>, depthwise_tile<3>,
+                                             depthwise_tile<4>, depthwise_tile<5>, depthwise_tile<6>,
+                                             depthwise_tile<7>, depthwise_tile<8>};
+using GroupTile = void (*)(const float*, const float*, int64_t, int64_t, int64_t, const PairList&, int64_t, int64_t,
+                           float*);
+constexpr GroupTile kGroupTiles[] = {group_tile<1>, group_tile<2>, group_tile<3>, group_tile<4>,
+                                     group_tile<5>, group_tile<6>, group_tile<7>, group_tile<8>};
+
+bool forward_rows_avx2(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
+                       int64_t r0, int64_t r1, float* y) {
+  if (cig == 1 && cog == 1) {
+    const int64_t C = G;
+    return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+      for (int64_t c0 = 0; c0 < C; c0 += kColTile) {
+        const int64_t n = std::min(kColTile, C - c0);
+        kDepthwiseTiles[(n + 7) / 8 - 1](x, w, C, l, c0, n, y + r * C);
+      }
+    });
+  }
+  return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+    for (int64_t g = 0; g < G; ++g)
+      for (int64_t t0 = 0; t0 < cog; t0 += kColTile) {
+        const int64_t n = std::min(kColTile, cog - t0);
+        kGroupTiles[n / 8 - 1](x, w, G, cig, cog, l, g, t0, y + r * G * cog);
+      }
+  });
+}
+
+// Depthwise backward of one input row i, columns [c0, c0 + n): dx from registers, the dW partial updated in
+// place (it stays in L1: kvol x C floats).
+template <int NV>
+SPCONV_TARGET_AVX2 void depthwise_backward_tile(const float* x, const float* w, const float* dy, int64_t C,
+                                                const PairList& l, int64_t i, int64_t c0, int64_t n, float* dx,
+                                                float* part) {
+  __m256 acc[NV], xi[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) {
+    acc[v] = _mm256_setzero_ps();
+    xi[v] = load_n(x + i * C + c0 + 8 * v, n - 8 * v);
+  }
+  for (int64_t j = 0; j < l.n; ++j) {
+    const float* d = dy + int64_t{l.other[j]} * C + c0;
+    const float* wk = w + int64_t{l.offset[j]} * C + c0;
+    float* pk = part + int64_t{l.offset[j]} * C + c0;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const int64_t lanes = n - 8 * v;
+      const __m256 dv = load_n(d + 8 * v, lanes);
+      acc[v] = _mm256_fmadd_ps(dv, load_n(wk + 8 * v, lanes), acc[v]);
+      store_n(pk + 8 * v, _mm256_fmadd_ps(xi[v], dv, load_n(pk + 8 * v, lanes)), lanes);
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) store_n(dx + i * C + c0 + 8 * v, acc[v], n - 8 * v);
+}
+
+using DepthwiseBackwardTile = void (*)(const float*, const float*, const float*, int64_t, const PairList&, int64_t,
+                                       int64_t, int64_t, float*, float*);
+constexpr DepthwiseBackwardTile kDepthwiseBackwardTiles[] = {
+    depthwise_backward_tile<1>, depthwise_backward_tile<2>, depthwise_backward_tile<3>, depthwise_backward_tile<4>,
+    depthwise_backward_tile<5>, depthwise_backward_tile<6>, depthwise_backward_tile<7>, depthwise_backward_tile<8>};
+
+bool depthwise_backward_rows_avx2(const float* x, const float* w, const float* dy, int64_t C, const GroupedRows& s,
+                                  int64_t i0, int64_t i1, float* dx, float* part) {
+  return walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
+    for (int64_t c0 = 0; c0 < C; c0 += kColTile) {
+      const int64_t n = std::min(kColTile, C - c0);
+      kDepthwiseBackwardTiles[(n + 7) / 8 - 1](x, w, dy, C, l, i, c0, n, dx, part);
+    }
+  });
+}
+#endif  // SPCONV_HAVE_AVX2_PATH
+
+// ---------------------------------------------------------------------------------------------------------
+// AVX-512 loops for float (CPUs that have it): a 128-channel row fits 8 registers, so a depthwise row is one
+// pass over its pairs, and a grouped row takes half the instructions of the AVX2 loops. Each output element is
+// the same chain of FMAs in pair order as on the AVX2 path: the same bits.
+#if SPCONV_HAVE_AVX2_PATH
+#define SPCONV_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+bool cpu_has_avx512f() {
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+}
+
+SPCONV_TARGET_AVX512 inline __mmask16 lanes16(int64_t lanes) {
+  return lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << (lanes > 0 ? lanes : 0)) - 1u);
+}
+
+// Depthwise forward, columns [c0, c0 + n) of one row (n <= 16 * NV).
+template <int NV>
+SPCONV_TARGET_AVX512 void depthwise_tile512(const float* x, const float* w, int64_t C, const PairList& l, int64_t c0,
+                                            int64_t n, float* yrow) {
+  __m512 acc[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+  if (n == 16 * NV) {
+    for (int64_t j = 0; j < l.n; ++j) {
+      const float* xo = x + int64_t{l.other[j]} * C + c0;
+      const float* wk = w + int64_t{l.offset[j]} * C + c0;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        acc[v] = _mm512_fmadd_ps(_mm512_loadu_ps(xo + 16 * v), _mm512_loadu_ps(wk + 16 * v), acc[v]);
+    }
+  } else {
+    __mmask16 m[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) m[v] = lanes16(n - 16 * v);
+    for (int64_t j = 0; j < l.n; ++j) {
+      const float* xo = x + int64_t{l.other[j]} * C + c0;
+      const float* wk = w + int64_t{l.offset[j]} * C + c0;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        acc[v] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m[v], xo + 16 * v), _mm512_maskz_loadu_ps(m[v], wk + 16 * v),
+                                 acc[v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(yrow + c0 + 16 * v, lanes16(n - 16 * v), acc[v]);
+}
+
+// Grouped forward, groups [g, g + GB), columns [t0, t0 + 16 * NV) of each group's cog (a multiple of 16), one
+// row. GB groups at once give GB * NV independent accumulators: enough FMA chains in flight to cover the FMA
+// latency (one group of two vectors would wait on it), and each element's chain is unchanged.
+template <int NV, int GB>
+SPCONV_TARGET_AVX512 void group_tile512(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog,
+                                        const PairList& l, int64_t g, int64_t t0, float* yrow) {
+  __m512 acc[GB][NV];
+#pragma GCC unroll 8
+  for (int b = 0; b < GB; ++b)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[b][v] = _mm512_setzero_ps();
+  const int64_t cin = G * cig, wgs = cig * cog;
+  for (int64_t j = 0; j < l.n; ++j) {
+    const float* xo = x + int64_t{l.other[j]} * cin + g * cig;
+    const float* wg = w + ((int64_t{l.offset[j]} * G + g) * cig) * cog + t0;
+    for (int64_t c = 0; c < cig; ++c) {
+#pragma GCC unroll 8
+      for (int b = 0; b < GB; ++b) {
+        const __m512 xb = _mm512_set1_ps(xo[b * cig + c]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v)
+          acc[b][v] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wg + b * wgs + c * cog + 16 * v), acc[b][v]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int b = 0; b < GB; ++b) {
+    float* yg = yrow + (g + b) * cog + t0;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(yg + 16 * v, acc[b][v]);
+  }
+}
+
+constexpr int64_t kColTile512 = 128;
+constexpr DepthwiseTile kDepthwiseTiles512[] = {depthwise_tile512<1>, depthwise_tile512<2>, depthwise_tile512<3>,
+                                                depthwise_tile512<4>, depthwise_tile512<5>, depthwise_tile512<6>,
+                                                depthwise_tile512<7>, depthwise_tile512<8>};
+// [NV - 1]: GB groups at once (about 8 accumulators), and the single-group tile for the groups left over.
+constexpr GroupTile kGroupTiles512[] = {group_tile512<1, 8>, group_tile512<2, 4>, group_tile512<3, 2>,
+                                        group_tile512<4, 2>, group_tile512<5, 1>, group_tile512<6, 1>,
+                                        group_tile512<7, 1>, group_tile512<8, 1>};
+constexpr int kGroupsAtOnce512[] = {8, 4, 2, 2, 1, 1, 1, 1};
+constexpr GroupTile kGroupTiles512Single[] = {group_tile512<1, 1>, group_tile512<2, 1>, group_tile512<3, 1>,
+                                              group_tile512<4, 1>, group_tile512<5, 1>, group_tile512<6, 1>,
+                                              group_tile512<7, 1>, group_tile512<8, 1>};
+
+// Depthwise backward of one input row i, columns [c0, c0 + n) (n <= 16 * NV): as depthwise_backward_tile, in
+// one pass for a 128-channel row; each element's chains are the AVX2 tile's.
+template <int NV>
+SPCONV_TARGET_AVX512 void depthwise_backward_tile512(const float* x, const float* w, const float* dy, int64_t C,
+                                                     const PairList& l, int64_t i, int64_t c0, int64_t n, float* dx,
+                                                     float* part) {
+  __m512 acc[NV], xi[NV];
+  __mmask16 m[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) {
+    m[v] = lanes16(n - 16 * v);
+    acc[v] = _mm512_setzero_ps();
+    xi[v] = _mm512_maskz_loadu_ps(m[v], x + i * C + c0 + 16 * v);
+  }
+  for (int64_t j = 0; j < l.n; ++j) {
+    const float* d = dy + int64_t{l.other[j]} * C + c0;
+    const float* wk = w + int64_t{l.offset[j]} * C + c0;
+    float* pk = part + int64_t{l.offset[j]} * C + c0;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __m512 dv = _mm512_maskz_loadu_ps(m[v], d + 16 * v);
+      acc[v] = _mm512_fmadd_ps(dv, _mm512_maskz_loadu_ps(m[v], wk + 16 * v), acc[v]);
+      _mm512_mask_storeu_ps(pk + 16 * v, m[v], _mm512_fmadd_ps(xi[v], dv, _mm512_maskz_loadu_ps(m[v], pk + 16 * v)));
+    }
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(dx + i * C + c0 + 16 * v, m[v], acc[v]);
+}
+
+constexpr DepthwiseBackwardTile kDepthwiseBackwardTiles512[] = {
+    depthwise_backward_tile512<1>, depthwise_backward_tile512<2>, depthwise_backward_tile512<3>,
+    depthwise_backward_tile512<4>, depthwise_backward_tile512<5>, depthwise_backward_tile512<6>,
+    depthwise_backward_tile512<7>, depthwise_backward_tile512<8>};
+
+bool depthwise_backward_rows_avx512(const float* x, const float* w, const float* dy, int64_t C,
+                                    const GroupedRows& s, int64_t i0, int64_t i1, float* dx, float* part) {
+  return walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
+    for (int64_t c0 = 0; c0 < C; c0 += 128) {
+      const int64_t n = std::min<int64_t>(128, C - c0);
+      kDepthwiseBackwardTiles512[(n + 15) / 16 - 1](x, w, dy, C, l, i, c0, n, dx, part);
+    }
+  });
+}
+
+bool forward_rows_avx512(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
+                         int64_t r0, int64_t r1, float* y) {
+  if (cig == 1 && cog == 1) {
+    const int64_t C = G;
+    return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+      for (int64_t c0 = 0; c0 < C; c0 += kColTile512) {
+        const int64_t n = std::min(kColTile512, C - c0);
+        kDepthwiseTiles512[(n + 15) / 16 - 1](x, w, C, l, c0, n, y + r * C);
+      }
+    });
+  }
+  return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+    for (int64_t t0 = 0; t0 < cog; t0 += kColTile512) {
+      const int64_t nv = std::min(kColTile512, cog - t0) / 16, gb = kGroupsAtOnce512[nv - 1];
+      int64_t g = 0;
+      for (; g + gb <= G; g += gb) kGroupTiles512[nv - 1](x, w, G, cig, cog, l, g, t0, y + r * G * cog);
+      for (; g < G; ++g) kGroupTiles512Single[nv - 1](x, w, G, cig, cog, l, g, t0, y + r * G * cog);
+    }
+  });
+}
+#endif  // SPCONV_HAVE_AVX2_PATH
+
+bool avx2_float(const at::Tensor& t) { return t.scalar_type() == at::kFloat && cpu_has_avx2_fma(); }
+
+template <typename T>
+bool forward_rows(bool avx2, const T* x, const T* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
+                  int64_t r0, int64_t r1, T* y) {
+#if SPCONV_HAVE_AVX2_PATH
+  if constexpr (std::is_same_v<T, float>) {
+    const bool depthwise = cig == 1 && cog == 1;
+    if (avx2 && cpu_has_avx512f() && (depthwise || cog % 16 == 0))
+      return forward_rows_avx512(x, w, G, cig, cog, s, r0, r1, y);
+    if (avx2 && (depthwise || cog % 8 == 0)) return forward_rows_avx2(x, w, G, cig, cog, s, r0, r1, y);
+  }
+#endif
+  (void)avx2;
+  return forward_rows_base(x, w, G, cig, cog, s, r0, r1, y);
+}
+
+template <typename T>
+bool backward_rows(bool avx2, const T* x, const T* wt, const T* dy, int64_t G, int64_t cig, int64_t cog,
+                   const GroupedRows& s, int64_t i0, int64_t i1, T* dx, T* part) {
+#if SPCONV_HAVE_AVX2_PATH
+  if constexpr (std::is_same_v<T, float>) {
+    if (avx2 && cig == 1 && cog == 1 && cpu_has_avx512f())
+      return depthwise_backward_rows_avx512(x, wt, dy, G, s, i0, i1, dx, part);
+    if (avx2 && cig == 1 && cog == 1) return depthwise_backward_rows_avx2(x, wt, dy, G, s, i0, i1, dx, part);
+  }
+#endif
+  (void)avx2;
+  return backward_rows_base(x, wt, dy, G, cig, cog, s, i0, i1, dx, part);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// dW of general groups: a rank-1 update of a cig x cog block per pair would read and write the partial once per
+// pair; grouping the pairs by offset turns it into GEMMs (X_g^T dY_g over gathered rows) that keep the block in
+// registers. Segments of an offset's pairs (fixed by the sizes) sum into partials of their own, added in order.
+
+// MKL splits a small GEMM differently with 1 or 2 threads (different bits): each product here runs on one
+// thread (weak symbol: other BLAS builds skip it), and ATen calls on worker threads need the caller's
+// below-autograd dispatch state.
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+
+struct OneThreadGemm {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  int saved = 0;
+  OneThreadGemm() {
+    if (MKL_Set_Num_Threads_Local) saved = MKL_Set_Num_Threads_Local(1);
+  }
+  ~OneThreadGemm() {
+    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(saved);
+  }
+};
+
+struct PairsByOffset {
+  std::vector<int64_t> start;  // [kvol + 1]
+  std::vector<int32_t> in, out;
+};
+
+// The pairs of `rows` (rows = inputs) grouped by offset, each offset's in input-row order. False when a table
+// entry is out of range (skipped).
+bool pairs_by_offset(const GroupedRows& s, PairsByOffset& p) {
+  p.start.assign(s.kvol + 1, 0);
+  const bool ok = walk_rows(s, 0, s.rows, [&](int64_t, const PairList& l) {
+    for (int64_t j = 0; j < l.n; ++j) ++p.start[l.offset[j] + 1];
+  });
+  for (int64_t k = 0; k < s.kvol; ++k) p.start[k + 1] += p.start[k];
+  std::vector<int64_t> cur(p.start.begin(), p.start.end() - 1);
+  p.in.resize(p.start.back());
+  p.out.resize(p.start.back());
+  walk_rows(s, 0, s.rows, [&](int64_t i, const PairList& l) {
+    for (int64_t j = 0; j < l.n; ++j) {
+      const int64_t slot = cur[l.offset[j]]++;
+      p.in[slot] = static_cast<int32_t>(i);
+      p.out[slot] = l.other[j];
+    }
+  });
+  return ok;
+}
+
+template <typename T>
+void gather(const T* src, int64_t c, const int32_t* idx, int64_t m, T* buf) {
+  for (int64_t r = 0; r < m; ++r) std::copy(src + int64_t{idx[r]} * c, src + int64_t{idx[r]} * c + c, buf + r * c);
+}
+
+// dw [kvol, G, cig, cog] = per offset and group, sum over the offset's pairs of x[in]_g^T dy[out]_g.
+void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOffset& p, at::Tensor& dw) {
+  constexpr int64_t kTargetSegments = 64;
+  const int64_t kvol = dw.size(0), G = dw.size(1), cig = dw.size(2), cog = dw.size(3);
+  const int64_t cin = x.size(1), cout = dy.size(1);
+  const int64_t rows = std::clamp<int64_t>((int64_t{1} << 19) / ((cin + cout) * x.element_size()), 128, 2048);
+  const int64_t total = p.start[kvol];
+  const int64_t seg_len = std::max(rows, (total + kTargetSegments - 1) / kTargetSegments / rows * rows);
+  struct Segment {
+    int64_t k, begin, end, slot;  // slot < 0: the offset's first segment, written to dw[k] itself
+  };
+  std::vector<Segment> segs;
+  int64_t n_partials = 0;
+  for (int64_t k = 0; k < kvol; ++k) {
+    const int64_t count = p.start[k + 1] - p.start[k];
+    if (count == 0) {
+      dw[k].zero_();
+      continue;
+    }
+    const int64_t n_seg = (count + seg_len - 1) / seg_len;
+    for (int64_t q = 0; q < n_seg; ++q)
+      segs.push_back({k, p.start[k] + count * q / n_seg, p.start[k] + count * (q + 1) / n_seg,
+                      q == 0 ? -1 : n_partials++});
+  }
+  at::Tensor part = at::empty({n_partials, G, cig, cog}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "grouped_weight_grad", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
+    run_tasks(static_cast<int64_t>(segs.size()), [&] {
+      auto guard = std::make_shared<OneThreadGemm>();
+      at::Tensor a = at::empty({rows, cin}, x.options()), b = at::empty({rows, cout}, x.options());
+      return [&, guard, a, b](int64_t t) {
+        const Segment& sg = segs[t];
+        at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
+        for (int64_t c0 = sg.begin; c0 < sg.end; c0 += rows) {
+          const int64_t m = std::min(rows, sg.end - c0);
+          gather(xp, cin, p.in.data() + c0, m, a.mutable_data_ptr<scalar_t>());
+          gather(gp, cout, p.out.data() + c0, m, b.mutable_data_ptr<scalar_t>());
+          for (int64_t g = 0; g < G; ++g) {
+            at::Tensor lhs = a.narrow(0, 0, m).narrow(1, g * cig, cig).t(), rhs = b.narrow(0, 0, m).narrow(1, g * cog, cog);
+            at::Tensor out = acc[g];
+            if (c0 == sg.begin) at::mm_out(out, lhs, rhs);
+            else out.addmm_(lhs, rhs);
+          }
+        }
+      };
+    });
+  });
+  for (const Segment& sg : segs)
+    if (sg.slot >= 0) dw[sg.k].add_(part[sg.slot]);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Forward of groups with many channels per group (AVX-512, float). A row-by-row loop loads the filter slice
+// of each (pair, group) once per pair: loads, not FMAs, bound it. Here the pairs of a fixed block of
+// destination rows are bucketed by offset, and four pairs of one offset share each filter load: every pair's
+// product is summed in registers (input channels in order) and then added to its row, offsets in order. The
+// blocks depend on the sizes only, and each row is written by its block alone: the bits don't depend on the
+// thread count.
+#if SPCONV_HAVE_AVX2_PATH
+// 128 rows: the block's gathered input rows stay in L2 across its offsets (measured: 128 beat 64, 256, 1024).
+constexpr int64_t kBucketBlockRows = 128;
+
+// Pairs [0, m) of one offset and group, columns [t0, t0 + 16 * NV): y[dst[p]] += x[src[p]]_g @ w_g.
+template <int NV>
+SPCONV_TARGET_AVX512 void bucket_tile512(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog,
+                                         const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff,
+                                         int64_t yoff, int64_t cout, float* y) {
+  int64_t p = 0;
+  for (; p + 4 <= m; p += 4) {
+    __m512 acc[4][NV];
+    const float* xr[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      xr[i] = x + int64_t{src[p + i]} * cin + xoff;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < cig; ++c) {
+      __m512 wv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(wg + c * cog + 16 * v);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m512 xb = _mm512_set1_ps(xr[i][c]);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(xb, wv[v], acc[i][v]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      float* yr = y + int64_t{dst[p + i]} * cout + yoff;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(yr + 16 * v, _mm512_add_ps(_mm512_loadu_ps(yr + 16 * v), acc[i][v]));
+    }
+  }
+  for (; p < m; ++p) {  // the same chain of FMAs per pair as above: the same bits
+    __m512 acc[NV];
+    const float* xr = x + int64_t{src[p]} * cin + xoff;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < cig; ++c) {
+      const __m512 xb = _mm512_set1_ps(xr[c]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[v] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wg + c * cog + 16 * v), acc[v]);
+    }
+    float* yr = y + int64_t{dst[p]} * cout + yoff;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(yr + 16 * v, _mm512_add_ps(_mm512_loadu_ps(yr + 16 * v), acc[v]));
+  }
+}
+
+using BucketTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const int32_t*, const int32_t*,
+                            int64_t, int64_t, int64_t, int64_t, float*);
+constexpr BucketTile kBucketTiles[] = {bucket_tile512<1>, bucket_tile512<2>, bucket_tile512<3>, bucket_tile512<4>};
+
+bool forward_bucketed(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
+                      float* y) {
+  const int64_t cin = G * cig, cout = G * cog, kvol = s.kvol;
+  const int64_t n_blocks = (s.rows + kBucketBlockRows - 1) / kBucketBlockRows;
+  std::atomic<bool> ok{true};
+  run_tasks(n_blocks, [&] {
+    return [&, start = std::vector<int64_t>(kvol + 1), cur = std::vector<int64_t>(kvol), dst = std::vector<int32_t>(),
+            src = std::vector<int32_t>()](int64_t b) mutable {
+      const int64_t r0 = b * kBucketBlockRows, r1 = std::min(s.rows, r0 + kBucketBlockRows);
+      std::fill(start.begin(), start.end(), 0);
+      if (!walk_rows(s, r0, r1, [&](int64_t, const PairList& l) {
+            for (int64_t j = 0; j < l.n; ++j) ++start[l.offset[j] + 1];
+          }))
+        ok = false;
+      for (int64_t k = 0; k < kvol; ++k) start[k + 1] += start[k];
+      dst.resize(start[kvol]);
+      src.resize(start[kvol]);
+      std::copy(start.begin(), start.end() - 1, cur.begin());
+      walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+        for (int64_t j = 0; j < l.n; ++j) {
+          const int64_t slot = cur[l.offset[j]]++;
+          dst[slot] = static_cast<int32_t>(r);
+          src[slot] = l.other[j];
+        }
+      });
+      // The block's source rows, requested before the products need them (measured: about 10% faster on a
+      // real scan; the gather order is data, which the hardware prefetcher can't follow).
+      for (int64_t j = 0; j < start[kvol]; ++j) {
+        const char* row = reinterpret_cast<const char*>(x + int64_t{src[j]} * cin);
+        for (int64_t b2 = 0; b2 < cin * static_cast<int64_t>(sizeof(float)); b2 += 64) __builtin_prefetch(row + b2, 0, 3);
+      }
+      std::fill(y + r0 * cout, y + r1 * cout, 0.f);
+      for (int64_t k = 0; k < kvol; ++k) {
+        const int64_t m = start[k + 1] - start[k];
+        if (m == 0) continue;
+        for (int64_t g = 0; g < G; ++g) {
+          const float* wg = w + (k * G + g) * cig * cog;
+          for (int64_t t0 = 0; t0 < cog; t0 += 64) {
+            const int64_t nv = std::min<int64_t>(64, cog - t0) / 16;
+            kBucketTiles[nv - 1](x, cin, wg + t0, cig, cog, src.data() + start[k], dst.data() + start[k], m, g * cig,
+                                 g * cog + t0, cout, y);
+          }
+        }
+      }
+    };
+  });
+  return ok;
+}
+#endif  // SPCONV_HAVE_AVX2_PATH
+
+}  // namespace
+
+bool grouped_forward(const at::Tensor& x, const at::Tensor& w, const GroupedRows& rows, at::Tensor& y) {
+  const int64_t G = w.size(1), cig = w.size(2), cog = w.size(3);
+  if (rows.rows == 0 || y.numel() == 0) return true;
+#if SPCONV_HAVE_AVX2_PATH
+  // Many channels per group: filter loads shared by four pairs (forward_bucketed) beat the row loop.
+  if (cig >= 16 && cog % 16 == 0 && avx2_float(x) && cpu_has_avx512f())
+    return forward_bucketed(x.const_data_ptr<float>(), w.const_data_ptr<float>(), G, cig, cog, rows,
+                            y.mutable_data_ptr<float>());
+#endif
+  const bool avx2 = avx2_float(x);
+  std::atomic<bool> ok{true};
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "grouped_forward", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* wp = w.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+    run_tasks((rows.rows + kRowGrain - 1) / kRowGrain, [&] {
+      return [&](int64_t t) {
+        const int64_t r0 = t * kRowGrain, r1 = std::min(rows.rows, r0 + kRowGrain);
+        if (!forward_rows(avx2, xp, wp, G, cig, cog, rows, r0, r1, yp)) ok = false;
+      };
+    });
+  });
+  return ok;
+}
+
+bool grouped_backward(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& dy, const GroupedRows& rows,
+                      at::Tensor& dx, at::Tensor& dw) {
+  const int64_t kvol = wt.size(0), G = wt.size(1), cog = wt.size(2), cig = wt.size(3), n_in = rows.rows;
+  const int64_t slice = kvol * G * cig * cog;
+  if (n_in == 0 || slice == 0) {
+    dx.zero_();
+    dw.zero_();
+    return true;
+  }
+  if (slice * x.element_size() > kSinglePassPartialBytes) {
+    // dX is the forward of dY over the reversed map with each group's filter transposed; dW goes by offset.
+    const bool ok = grouped_forward(dy, wt, rows, dx);
+    PairsByOffset p;
+    const bool ok_pairs = pairs_by_offset(rows, p);
+    weight_grad_gemm(x, dy, p, dw);
+    return ok && ok_pairs;
+  }
+  // Small filters (depthwise, few channels per group): one pass, each pair's dY row read once for dX and dW,
+  // the block's dW partial staying in cache.
+  const int64_t by_memory = std::max<int64_t>(1, kPartialBudget / (slice * x.element_size()));
+  const int64_t n_blocks = std::clamp<int64_t>((n_in + kMinBlockRows - 1) / kMinBlockRows, 1,
+                                               std::min(kMaxBlocks, by_memory));
+  const int64_t block = (n_in + n_blocks - 1) / n_blocks;
+  at::Tensor part = at::empty({n_blocks, slice}, x.options());
+  const bool avx2 = avx2_float(x);
+  std::atomic<bool> ok{true};
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "grouped_backward", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* wp = wt.const_data_ptr<scalar_t>();
+    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
+    scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
+    scalar_t* pp = part.mutable_data_ptr<scalar_t>();
+    run_tasks(n_blocks, [&] {
+      return [&](int64_t b) {
+        scalar_t* pb = pp + b * slice;
+        std::fill(pb, pb + slice, scalar_t(0));  // here, so each block's partial is first touched in its task
+        const int64_t i0 = b * block, i1 = std::min(n_in, i0 + block);
+        if (i0 < i1 && !backward_rows(avx2, xp, wp, gp, G, cig, cog, rows, i0, i1, dxp, pb)) ok = false;
+      };
+    });
+  });
+  // The partials in block order: a fixed order, so the bits don't depend on the thread count.
+  at::Tensor total = part[0].clone();
+  for (int64_t b = 1; b < n_blocks; ++b) total.add_(part[b]);
+  dw.copy_(total.view(dw.sizes()));
+  return ok;
+}
+
+}  // namespace native
+}  // namespace spconv
