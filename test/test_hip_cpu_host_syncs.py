@@ -22,14 +22,15 @@ SHAPE = [12, 11, 10]
 
 
 class Net(nn.Module):
-    """Every layer kind that uses a kernel map: submanifold (two sharing a map), strided, max and avg pool,
-    inverse convolutions back through both."""
+    """Every layer kind that uses a kernel map: submanifold (three sharing a map, one grouped), strided, max and
+    avg pool, inverse convolutions back through both."""
 
     def __init__(self):
         super().__init__()
         self.body = spconv.SparseSequential(
             spconv.SubMConv3d(4, 8, 3, indice_key="s1"), nn.ReLU(),
-            spconv.SubMConv3d(8, 8, 3, indice_key="s1"),
+            spconv.SubMConv3d(8, 8, 3, indice_key="s1"), nn.ReLU(),
+            spconv.SubMConv3d(8, 8, 3, groups=4, indice_key="s1"),
             spconv.SparseConv3d(8, 16, 3, 2, 1, indice_key="d1"), nn.ReLU(),
             spconv.SparseMaxPool3d(2, 2, indice_key="p1"),
             spconv.SubMConv3d(16, 16, 3, indice_key="s3"),
@@ -66,8 +67,9 @@ def test_one_host_copy_per_map_none_per_layer(hip_cpu, force_native):
     finally:
         constants.SPCONV_FORCE_NATIVE = old
     ran = {n.split("::")[1] for n in names if n.startswith(hip_cpu.name + "::")}
-    layer_ops = ({"indice_conv", "indice_conv_backward"} if force_native else
-                 {"build_fused_map", "fused_conv", "fused_conv_dfilter"})
+    layer_ops = ({"indice_conv", "indice_conv_backward", "indice_conv_grouped", "indice_conv_grouped_backward"}
+                 if force_native else
+                 {"build_fused_map", "fused_conv", "fused_conv_dfilter", "grouped_conv", "grouped_conv_backward"})
     assert layer_ops | {"indice_maxpool", "indice_maxpool_backward", "indice_avgpool",
                         "indice_avgpool_backward"} <= ran, sorted(ran)
     assert maps_built == 5  # s1, d1, p1, s3 and the avg pool's (the inverse convs reuse d1 and p1)

@@ -81,8 +81,20 @@ inline void check_indice_conv_grouped_args(const at::Tensor& features, const at:
 // The pairs' rows checked against the row counts (check_pair_rows); returns the host copy of pair_offsets. The
 // grouped glue checks a map through this one call only.
 inline at::Tensor checked_pair_offsets(const at::Tensor& pair_in, const at::Tensor& pair_out,
-                                       const at::Tensor& pair_offsets, int64_t num_in, int64_t num_out) {
-  return check_pair_rows(pair_in, pair_out, pair_offsets, num_in, num_out).offsets;
+                                       const at::Tensor& pair_offsets, int64_t num_in, int64_t num_out,
+                                       const std::optional<at::Tensor>& map_info) {
+  return check_pair_rows(pair_in, pair_out, pair_offsets, num_in, num_out, map_info).offsets;
+}
+
+// The row bound map_info gives a table's entries (the map's input rows for its forward table, its output rows
+// for the reversed one), checked against the rows the table indexes; false without map_info (the caller then
+// checks the entries themselves).
+inline bool table_rows_bounded(const at::Tensor& table, int64_t n_src, const std::optional<at::Tensor>& map_info, bool reversed) {
+  const auto info = read_map_info(map_info, table.size(1), /*npairs=*/-1);
+  if (!info) return false;
+  const int64_t bound = reversed ? info->out_rows : info->in_rows;
+  TORCH_CHECK_VALUE(bound <= n_src, "map_info says the table indexes ", bound, " rows, but there are ", n_src);
+  return true;
 }
 
 }  // namespace ops

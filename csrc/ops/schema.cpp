@@ -108,16 +108,20 @@ SPCONV_SCHEMA(m) {
   // in FP32, FP64 in FP64.
   // Over neighbour tables (build_fused_map's nbr, cached per kernel map): nbr [num_out, kvol] (input row or -1)
   // and its reverse nbr_t [num_in, kvol] (output row or -1), which only the backward reads (pass [0, kvol] when
-  // no gradient is needed). out [num_out, Cout].
-  m.def("grouped_conv(Tensor features, Tensor filters, Tensor nbr, Tensor nbr_t) -> Tensor");
+  // no gradient is needed). out [num_out, Cout]. map_info (get_indice_pairs') of the map the tables were built
+  // from bounds their entries on the host (nbr: its input rows, nbr_t: its output rows).
+  m.def(
+      "grouped_conv(Tensor features, Tensor filters, Tensor nbr, Tensor nbr_t, Tensor? map_info=None) -> Tensor");
   // (d features, d filters) in one pass over the input rows of nbr_t.
-  m.def("grouped_conv_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor nbr_t) -> (Tensor, Tensor)");
+  m.def(
+      "grouped_conv_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor nbr_t, "
+      "Tensor? map_info=None) -> (Tensor, Tensor)");
   // The same convolution over the kernel map's pairs (no table; the native GPU route, maps with repeats).
   m.def(
       "indice_conv_grouped(Tensor features, Tensor filters, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, "
-      "SymInt num_out) -> Tensor");
+      "SymInt num_out, Tensor? map_info=None) -> Tensor");
   m.def(
       "indice_conv_grouped_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor pair_in, "
-      "Tensor pair_out, Tensor pair_offsets) -> (Tensor, Tensor)");
+      "Tensor pair_out, Tensor pair_offsets, Tensor? map_info=None) -> (Tensor, Tensor)");
   // ---- end grouped convolution ----
 }

@@ -23,6 +23,7 @@ import torch
 
 from spconv import _backend, constants
 from spconv.pytorch import _fused, pair_rounds
+from spconv.pytorch.core import make_map_info
 
 
 def check_groups(in_channels: int, out_channels: int, groups) -> int:
@@ -43,47 +44,53 @@ def weight_to_grouped_filters(weight: torch.Tensor, groups: int) -> torch.Tensor
 
 # ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----
 @_backend.register_fake("grouped_conv")
-def _grouped_conv_fake(features, filters, nbr, nbr_t):
+def _grouped_conv_fake(features, filters, nbr, nbr_t, map_info=None):
     return features.new_empty((nbr.shape[0], filters.shape[1] * filters.shape[3]))
 
 
 @_backend.register_fake("grouped_conv_backward")
-def _grouped_conv_backward_fake(features, filters, out_grad, nbr_t):
+def _grouped_conv_backward_fake(features, filters, out_grad, nbr_t, map_info=None):
     return torch.empty_like(features), torch.empty_like(filters)
 
 
 @_backend.register_fake("indice_conv_grouped")
-def _indice_conv_grouped_fake(features, filters, pair_in, pair_out, pair_offsets, num_out):
+def _indice_conv_grouped_fake(features, filters, pair_in, pair_out, pair_offsets, num_out, map_info=None):
     return features.new_empty((num_out, filters.shape[1] * filters.shape[3]))
 
 
 @_backend.register_fake("indice_conv_grouped_backward")
-def _indice_conv_grouped_backward_fake(features, filters, out_grad, pair_in, pair_out, pair_offsets):
+def _indice_conv_grouped_backward_fake(features, filters, out_grad, pair_in, pair_out, pair_offsets, map_info=None):
     return torch.empty_like(features), torch.empty_like(filters)
 
 
 # ---- autograd: each backward calls the library its forward ran in ----
+def _map_info_of(inputs, n):
+    return inputs[n] if len(inputs) > n else None
+
+
 def _table_setup_context(ctx, inputs, output):
-    features, filters, _nbr, nbr_t = inputs
+    features, filters, _nbr, nbr_t = inputs[:4]
     ctx.save_for_backward(features, filters, nbr_t)
+    ctx.map_info = _map_info_of(inputs, 4)  # a CPU tensor, never differentiated
 
 
 def _table_backward(lib, ctx, grad):
     features, filters, nbr_t = ctx.saved_tensors
-    dx, dw = lib.grouped_conv_backward(features, filters, grad.to(features.dtype).contiguous(), nbr_t)
-    return dx, dw, None, None
+    dx, dw = lib.grouped_conv_backward(features, filters, grad.to(features.dtype).contiguous(), nbr_t, ctx.map_info)
+    return dx, dw, None, None, None
 
 
 def _pairs_setup_context(ctx, inputs, output):
-    features, filters, pair_in, pair_out, pair_offsets, _ = inputs
+    features, filters, pair_in, pair_out, pair_offsets = inputs[:5]
     ctx.save_for_backward(features, filters, pair_in, pair_out, pair_offsets)
+    ctx.map_info = _map_info_of(inputs, 6)
 
 
 def _pairs_backward(lib, ctx, grad):
     features, filters, pair_in, pair_out, pair_offsets = ctx.saved_tensors
     dx, dw = lib.indice_conv_grouped_backward(features, filters, grad.to(features.dtype).contiguous(), pair_in,
-                                              pair_out, pair_offsets)
-    return dx, dw, None, None, None, None
+                                              pair_out, pair_offsets, ctx.map_info)
+    return dx, dw, None, None, None, None, None
 
 
 def _register_autograd(namespace: str):
@@ -113,8 +120,10 @@ def tables(maps, with_reverse: bool):
 
 def conv1x1_grouped(features: torch.Tensor, filters: torch.Tensor) -> torch.Tensor:
     """Kernel volume 1, no map: row i feeds row i (the identity table; its own reverse)."""
-    ident = torch.arange(features.shape[0], dtype=torch.int32, device=features.device).view(-1, 1)
-    return _backend.ops.grouped_conv(features, filters, ident, ident)
+    n = features.shape[0]
+    ident = torch.arange(n, dtype=torch.int32, device=features.device).view(-1, 1)
+    info = None if torch.compiler.is_compiling() else make_map_info(torch.tensor([0, n]), n, n, True)
+    return _backend.ops.grouped_conv(features, filters, ident, ident, info)
 
 
 def conv_grouped(features: torch.Tensor, filters: torch.Tensor, maps, num_out: int) -> torch.Tensor:
@@ -142,9 +151,9 @@ def _gpu_one(features, filters, maps, num_out):
 
 def _table(features, filters, maps):
     nbr, nbr_t = tables(maps, _needs_grad(features, filters))
-    return _backend.ops.grouped_conv(features, filters, nbr, nbr_t)
+    return _backend.ops.grouped_conv(features, filters, nbr, nbr_t, getattr(maps, "map_info", None))
 
 
 def _pairs(features, filters, maps, num_out):
     return _backend.ops.indice_conv_grouped(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets,
-                                            num_out)
+                                            num_out, getattr(maps, "map_info", None))

@@ -40,9 +40,11 @@ void check_table_entries(bool ok, const char* name, int64_t n_other) {
   TORCH_CHECK_VALUE(ok, name, " holds rows outside [-1, ", n_other, ") (the rows it indexes)");
 }
 
+// The CPU kernels check every table entry as they read it; map_info is only checked against the sizes.
 at::Tensor grouped_conv_cpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr,
-                            const at::Tensor& nbr_t) {
+                            const at::Tensor& nbr_t, const std::optional<at::Tensor>& map_info) {
   check_grouped_conv_args(features, filters, nbr, nbr_t);
+  table_rows_bounded(nbr, features.size(0), map_info, /*reversed=*/false);
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous(), w = filters.to(ct).contiguous(), nb = nbr.contiguous();
   at::Tensor y = at::empty({nb.size(0), w.size(1) * w.size(3)}, x.options());
@@ -51,8 +53,10 @@ at::Tensor grouped_conv_cpu(const at::Tensor& features, const at::Tensor& filter
 }
 
 std::tuple<at::Tensor, at::Tensor> grouped_conv_backward_cpu(const at::Tensor& features, const at::Tensor& filters,
-                                                             const at::Tensor& out_grad, const at::Tensor& nbr_t) {
+                                                             const at::Tensor& out_grad, const at::Tensor& nbr_t,
+                                                             const std::optional<at::Tensor>& map_info) {
   check_grouped_backward_args(features, filters, out_grad, nbr_t);
+  table_rows_bounded(nbr_t, out_grad.size(0), map_info, /*reversed=*/true);
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous(), dy = out_grad.to(ct).contiguous(), nb = nbr_t.contiguous();
   at::Tensor wt = filters.to(ct).transpose(2, 3).contiguous();
@@ -63,12 +67,13 @@ std::tuple<at::Tensor, at::Tensor> grouped_conv_backward_cpu(const at::Tensor& f
 }
 
 at::Tensor indice_conv_grouped_cpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& pair_in,
-                                   const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out) {
+                                   const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out,
+                                   const std::optional<at::Tensor>& map_info) {
   check_indice_conv_grouped_args(features, filters, pair_in, pair_out, pair_offsets, num_out);
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous(), w = filters.to(ct).contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  checked_pair_offsets(pin, pout, po, x.size(0), num_out);
+  checked_pair_offsets(pin, pout, po, x.size(0), num_out, map_info);
   const int64_t kvol = w.size(0);
   const native::PairsByRow g = native::group_pairs_by_row(pout.const_data_ptr<int32_t>(),
                                                           pin.const_data_ptr<int32_t>(),
@@ -83,14 +88,15 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_grouped_backward_cpu(const at::Te
                                                                     const at::Tensor& out_grad,
                                                                     const at::Tensor& pair_in,
                                                                     const at::Tensor& pair_out,
-                                                                    const at::Tensor& pair_offsets) {
+                                                                    const at::Tensor& pair_offsets,
+                                                                    const std::optional<at::Tensor>& map_info) {
   check_indice_conv_grouped_args(features, filters, pair_in, pair_out, pair_offsets, out_grad.size(0));
   check_grouped_out_grad(out_grad, filters, features, out_grad.size(0));
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous(), dy = out_grad.to(ct).contiguous();
   at::Tensor wt = filters.to(ct).transpose(2, 3).contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  checked_pair_offsets(pin, pout, po, x.size(0), dy.size(0));
+  checked_pair_offsets(pin, pout, po, x.size(0), dy.size(0), map_info);
   const int64_t kvol = wt.size(0);
   const native::PairsByRow g = native::group_pairs_by_row(pin.const_data_ptr<int32_t>(),
                                                           pout.const_data_ptr<int32_t>(),

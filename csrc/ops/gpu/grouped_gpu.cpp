@@ -19,12 +19,12 @@ namespace {
 
 at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-// Entries of a table in [-1, n_src): one device->host copy of two numbers, so a bad table raises instead of
-// being read (as the fused route checks its tables).
-void check_table_range(const at::Tensor& table, const char* name, int64_t n_src) {
-  if (table.numel() == 0) return;
+// Entries of a table in [-1, n_src): bounded by map_info on the host, else one device->host copy of two
+// numbers, so a bad table raises instead of being read (as the fused route checks its tables).
+void check_table_range(const at::Tensor& table, const char* name, int64_t n_src, const std::optional<at::Tensor>& map_info, bool reversed) {
+  if (table_rows_bounded(table, n_src, map_info, reversed) || table.numel() == 0) return;
   auto mm = at::aminmax(table);
-  const at::Tensor h = at::stack({std::get<0>(mm), std::get<1>(mm)}).to(at::kLong).cpu();
+  const at::Tensor h = to_host(at::stack({std::get<0>(mm), std::get<1>(mm)}).to(at::kLong));
   const int64_t* v = h.const_data_ptr<int64_t>();
   TORCH_CHECK_VALUE(v[0] >= -1 && v[1] < n_src, name, " holds rows outside [-1, ", n_src, ") (the rows it indexes): "
                     "min ", v[0], ", max ", v[1]);
@@ -41,21 +41,22 @@ at::Tensor forward_table(const at::Tensor& x, const at::Tensor& w, const at::Ten
 }
 
 at::Tensor grouped_conv_gpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr,
-                            const at::Tensor& nbr_t) {
+                            const at::Tensor& nbr_t, const std::optional<at::Tensor>& map_info) {
   check_grouped_conv_args(features, filters, nbr, nbr_t);
   c10::DeviceGuard guard(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous(), nb = nbr.contiguous();
-  check_table_range(nb, "nbr", x.size(0));
+  check_table_range(nb, "nbr", x.size(0), map_info, /*reversed=*/false);
   return forward_table(x, w, nb, current_stream(features.device()));
 }
 
 std::tuple<at::Tensor, at::Tensor> grouped_conv_backward_gpu(const at::Tensor& features, const at::Tensor& filters,
-                                                             const at::Tensor& out_grad, const at::Tensor& nbr_t) {
+                                                             const at::Tensor& out_grad, const at::Tensor& nbr_t,
+                                                             const std::optional<at::Tensor>& map_info) {
   check_grouped_backward_args(features, filters, out_grad, nbr_t);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), dy = out_grad.contiguous(), nb = nbr_t.contiguous();
-  check_table_range(nb, "nbr_t", dy.size(0));
+  check_table_range(nb, "nbr_t", dy.size(0), map_info, /*reversed=*/true);
   // dX: the forward over the reversed table with each group's filter transposed.
   at::Tensor dx = forward_table(dy, filters.transpose(2, 3).contiguous(), nb, stream);
   const int64_t n_in = x.size(0), kvol = nb.size(1), G = filters.size(1), cig = filters.size(2), cog = filters.size(3);
@@ -108,12 +109,13 @@ void gather_group_mm_scatter(const at::Tensor& src, const at::Tensor& w_acc, con
 }
 
 at::Tensor indice_conv_grouped_gpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& pair_in,
-                                   const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out) {
+                                   const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out,
+                                   const std::optional<at::Tensor>& map_info) {
   check_indice_conv_grouped_args(features, filters, pair_in, pair_out, pair_offsets, num_out);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = checked_pair_offsets(pin, pout, pair_offsets, x.size(0), num_out);
+  at::Tensor po = checked_pair_offsets(pin, pout, pair_offsets, x.size(0), num_out, map_info);
   const auto at_ = acc_type(x.scalar_type());
   at::Tensor acc = at::zeros({num_out, filters.size(1) * filters.size(3)}, x.options().dtype(at_));
   gather_group_mm_scatter(x, filters.to(at_).contiguous(), pin, pout, po, acc, stream);
@@ -125,14 +127,15 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_grouped_backward_gpu(const at::Te
                                                                     const at::Tensor& out_grad,
                                                                     const at::Tensor& pair_in,
                                                                     const at::Tensor& pair_out,
-                                                                    const at::Tensor& pair_offsets) {
+                                                                    const at::Tensor& pair_offsets,
+                                                                    const std::optional<at::Tensor>& map_info) {
   check_indice_conv_grouped_args(features, filters, pair_in, pair_out, pair_offsets, out_grad.size(0));
   check_grouped_out_grad(out_grad, filters, features, out_grad.size(0));
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), dy = out_grad.contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = checked_pair_offsets(pin, pout, pair_offsets, x.size(0), dy.size(0));
+  at::Tensor po = checked_pair_offsets(pin, pout, pair_offsets, x.size(0), dy.size(0), map_info);
   const auto at_ = acc_type(x.scalar_type());
   const int64_t kvol = filters.size(0), G = filters.size(1), cig = filters.size(2), cog = filters.size(3);
   at::Tensor dx = at::zeros({x.size(0), G * cig}, x.options().dtype(at_));
