@@ -296,11 +296,6 @@ bool depthwise_backward_rows_avx2(const float* x, const float* w, const float* d
 #if SPCONV_HAVE_AVX2_PATH
 #define SPCONV_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
-bool cpu_has_avx512f() {
-  static const bool ok = __builtin_cpu_supports("avx512f");
-  return ok;
-}
-
 SPCONV_TARGET_AVX512 inline __mmask16 lanes16(int64_t lanes) {
   return lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << (lanes > 0 ? lanes : 0)) - 1u);
 }

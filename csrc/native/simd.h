@@ -10,16 +10,45 @@
 #define SPCONV_TARGET_AVX2
 #endif
 
+#include <cstdlib>
+#include <cstring>
+
 namespace spconv {
 namespace native {
 
+// SPCONV_CPU_ISA (read once) caps what the run-time choice may pick: "generic", "avx2" or "avx512" (default:
+// whatever the CPU has), so that one machine can run, and the tests compare, every path.
+inline int cpu_isa_cap() {
+  static const int cap = [] {
+    const char* v = std::getenv("SPCONV_CPU_ISA");
+    if (v == nullptr || *v == 0 || std::strcmp(v, "avx512") == 0) return 2;
+    if (std::strcmp(v, "avx2") == 0) return 1;
+    return 0;  // "generic", or anything else: the portable loops
+  }();
+  return cap;
+}
+
 inline bool cpu_has_avx2_fma() {
 #if SPCONV_HAVE_AVX2_PATH
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_isa_cap() >= 1;
   return ok;
 #else
   return false;
 #endif
+}
+
+inline bool cpu_has_avx512f() {
+#if SPCONV_HAVE_AVX2_PATH
+  static const bool ok = __builtin_cpu_supports("avx512f") && cpu_isa_cap() >= 2;
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// The instruction set the hand-written loops run with here (build_info's cpu_isa).
+inline const char* cpu_isa_name() {
+  return cpu_has_avx512f() && cpu_has_avx2_fma() ? "avx512" : cpu_has_avx2_fma() ? "avx2" : "generic";
 }
 
 }  // namespace native

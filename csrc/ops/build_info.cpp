@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "../native/simd.h"
+
 #include "../../spconv/include/spconv/ops.h"  // the public header ships inside the Python package
 
 // setup.py defines these; the defaults keep a hand build honest.
@@ -23,6 +25,7 @@ std::string build_info_json() {
     << "], \"gpu_backend\": \"" SPCONV_GPU_BACKEND "\", \"gpu_archs\": \"" SPCONV_GPU_ARCHS "\""
     << ", \"compiler\": \"" << __VERSION__ << "\""
     << ", \"torch_version\": \"" SPCONV_TORCH_VERSION "\""
+    << ", \"cpu_isa\": \"" << native::cpu_isa_name() << "\""  // what the CPU kernels pick on this machine
 #ifdef _OPENMP
     << ", \"openmp\": " << _OPENMP
 #endif

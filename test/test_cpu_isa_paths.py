@@ -1,0 +1,67 @@
+"""Every instruction-set path of the hand-written CPU kernels gives the others' results: SPCONV_CPU_ISA caps the
+run-time choice (avx512, avx2, generic), and the same layers run in a subprocess under each cap. The depthwise
+AVX2 and AVX-512 loops run the same FMA chains (same bits); the other kernels may sum in another order per ISA
+(results are bitwise reproducible on one machine, for any thread count, not across instruction sets)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+RUN = r"""
+import sys
+import torch
+import spconv.pytorch as spconv
+from spconv import _backend
+
+torch.manual_seed(0)
+shape = [14, 13, 12]
+coords = torch.unique(torch.randint(0, 12, (900, 3), dtype=torch.int32), dim=0)
+idx = torch.cat([torch.zeros(len(coords), 1, dtype=torch.int32), coords], 1)
+layers = {
+    "depthwise": spconv.SubMConv3d(32, 32, 3, groups=32, indice_key="s"),
+    "groups4": spconv.SubMConv3d(16, 32, 3, groups=4, indice_key="s"),
+    "groups2_wide": spconv.SubMConv3d(64, 64, 3, groups=2, indice_key="s"),
+    "strided_groups8": spconv.SparseConv3d(32, 32, 3, 2, 1, groups=8),
+    "dense_subm": spconv.SubMConv3d(16, 24, 3, indice_key="s"),
+    "maxpool": spconv.SparseMaxPool3d(3, 2, 1),
+}
+out = {}
+for name, layer in layers.items():
+    cin = layer.in_channels if hasattr(layer, "in_channels") else 16
+    x = torch.randn(len(idx), cin, requires_grad=True)
+    y = layer(spconv.SparseConvTensor(x, idx, shape, 1)).features
+    y.backward(torch.randn_like(y))
+    out[name] = [y.detach(), x.grad] + [p.grad for p in layer.parameters()]
+out["cpu_isa"] = _backend.build_info()["cpu_isa"]
+torch.save(out, sys.argv[1])
+"""
+
+
+def run_under(isa, tmp_path):
+    env = dict(os.environ)
+    env.pop("SPCONV_CPU_ISA", None)
+    if isa is not None:
+        env["SPCONV_CPU_ISA"] = isa
+    path = str(tmp_path / ("out_%s.pt" % isa))
+    subprocess.run([sys.executable, "-c", RUN, path], cwd=ROOT, env=env, check=True, timeout=300)
+    return torch.load(path)
+
+
+def test_instruction_set_paths_agree(tmp_path):
+    best = run_under(None, tmp_path)
+    if best.pop("cpu_isa") == "generic":
+        pytest.skip("this CPU has no AVX2/FMA: only the portable loops exist here")
+    avx2 = run_under("avx2", tmp_path)
+    generic = run_under("generic", tmp_path)
+    assert avx2.pop("cpu_isa") == "avx2" and generic.pop("cpu_isa") == "generic"  # the cap took effect
+    for name in best:
+        for a, b, c in zip(best[name], avx2[name], generic[name]):
+            if name == "depthwise":
+                assert torch.equal(a, b), name  # same FMA chains on AVX-512 and AVX2 (the wide-group kernels
+                # of AVX-512 bucket the pairs by offset: another summation order)
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=name)
+            torch.testing.assert_close(c, a, atol=1e-5, rtol=1e-5, msg=name)
