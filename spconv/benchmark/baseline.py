@@ -30,6 +30,7 @@ def mm_shapes(layer: ConvLayer, pass_name: str) -> List[Shape]:
 # throughput is flat well before that size, and timing the basic network's full 180 GFLOP would take longer
 # than the network itself. On a GPU every product is timed whole.
 CPU_ROW_CAP = 1 << 15
+PEAK_SIZE = 2048
 
 
 class MMBaseline:
@@ -60,6 +61,12 @@ class MMBaseline:
             self._ms[shape] = time_fn(lambda: torch.mm(a, b), self.device, self.plan).median * scale
             del a, b
         return self._ms[shape]
+
+    def peak_gflops(self) -> float:
+        """The machine's rate on a large square product (2048^3): the yardstick of 'fraction of peak'. On the CPU
+        it runs close to the FMA peak of the cores torch uses."""
+        n = PEAK_SIZE
+        return 2.0 * n ** 3 / (self.product_ms((n, n, n)) * 1e6)
 
     def pass_ms(self, layers: List[ConvLayer], pass_name: str) -> float:
         return sum(self.product_ms(s) for layer in layers for s in mm_shapes(layer, pass_name))

@@ -51,12 +51,13 @@ def measurement_rows(ms: List[Measurement]) -> List[List[str]]:
         rows.append([m.case, route, dtype_label(m.route, m.dtype), PASS_LABEL.get(m.pass_name, m.pass_name),
                      fmt_num(m.median_ms),
                      spread, str(m.iters), fmt_num(m.flops / 1e9) if m.flops else "-", fmt_num(m.gflops),
-                     fmt_num(mm_gflops), fmt_num(m.mm_ratio, 2) + "x" if m.mm_ms else "-"])
+                     fmt_num(mm_gflops), fmt_num(m.mm_ratio, 2) + "x" if m.mm_ms else "-",
+                     fmt_num(m.peak_fraction, 2) if m.peak_gflops else "-"])
     return rows
 
 
 MEASUREMENT_HEADERS = ["case", "route", "dtype", "pass", "median ms", "min-max ms", "n", "GFLOP", "GFLOP/s",
-                       "mm GFLOP/s", "vs mm"]
+                       "mm GFLOP/s", "vs mm", "of peak"]
 
 
 def format_measurements(record: Record) -> str:
@@ -64,6 +65,10 @@ def format_measurements(record: Record) -> str:
     for workload in _ordered({m.workload for m in record.measurements}):
         ms = [m for m in record.measurements if m.workload == workload and m.library == "this"]
         parts.append(f"== {workload}")
+        peaks = sorted({(m.dtype, m.peak_gflops) for m in ms if m.peak_gflops})
+        if peaks:
+            parts.append("peak (torch.mm 2048^3, this run): " +
+                         ", ".join(f"{d} {fmt_num(p)} GFLOP/s" for d, p in peaks))
         parts.append(format_table(MEASUREMENT_HEADERS, measurement_rows(ms), left=4))
     return "\n\n".join(parts)
 
@@ -114,7 +119,8 @@ def format_header(meta: Dict[str, object]) -> str:
              f"extension backends: {meta.get('backends')}",
              f"timing: {meta.get('timing')}",
              "route* = the route a plain model call takes here; GFLOP = useful FLOPs (2 x pairs x Cin x Cout per "
-             "pass); vs mm = time of torch.mm on the same FLOPs / our time (1.0x = GEMM speed); tf32 runs only on "
+             "pass); vs mm = time of torch.mm on the same FLOPs / our time (1.0x = GEMM speed); of peak = GFLOP/s / the "
+             "machine's torch.mm 2048^3 rate in this run (near the FMA peak on a CPU); tf32 runs only on "
              "the native route (the fused route computes FP32 with FMA)"]
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ class Measurement:
     max_ms: float
     iters: int
     mm_ms: Optional[float] = None  # torch.mm on the same useful FLOPs, same run
+    peak_gflops: Optional[float] = None  # the machine's big-GEMM rate (2048^3 torch.mm) for this dtype, same run
     samples_ms: List[float] = field(default_factory=list)
     library: str = "this"  # "this" or the compared implementation's label
 
@@ -35,10 +36,16 @@ class Measurement:
             return float("nan")
         return self.mm_ms / self.median_ms
 
+    @property
+    def peak_fraction(self) -> float:
+        """Achieved useful GFLOP/s over the machine's big-GEMM rate."""
+        return self.gflops / self.peak_gflops if self.peak_gflops else float("nan")
+
     def to_dict(self) -> Dict[str, object]:
         d = asdict(self)
         d["gflops"] = _finite(self.gflops)
         d["mm_ratio"] = _finite(self.mm_ratio)
+        d["peak_fraction"] = _finite(self.peak_fraction)
         return d
 
 

@@ -67,15 +67,17 @@ def tf32_mode(dtype_name: str):
 def measurement(ctx: Context, workload: str, case: str, route, chosen: bool, dtype_name: str, pass_name: str,
                 voxels: int, layers: List[ConvLayer], stats: Stats, with_mm: bool = True) -> Measurement:
     """A Measurement with its FLOPs and, measured now, torch.mm's time on the same FLOPs."""
-    mm_ms = None
+    mm_ms = peak = None
     if with_mm and layers:
         mm_dtype = "fp32" if dtype_name == "tf32" else dtype_name
         with tf32_mode(dtype_name):
-            mm_ms = ctx.mm(route.device, mm_dtype).pass_ms(layers, pass_name)
+            baseline = ctx.mm(route.device, mm_dtype)
+            mm_ms, peak = baseline.pass_ms(layers, pass_name), baseline.peak_gflops()
+        ctx.record.meta.setdefault("peak_gflops", {})[f"{route.device.type}/{dtype_name}"] = round(peak, 2)
     m = Measurement(workload=workload, case=case, route=route.name, chosen=chosen, dtype=dtype_name,
                     pass_name=pass_name, voxels=int(voxels), flops=total_flops(layers, pass_name),
                     median_ms=stats.median, min_ms=stats.min, max_ms=stats.max, iters=len(stats.samples_ms),
-                    mm_ms=mm_ms, samples_ms=[round(s, 4) for s in stats.samples_ms])
+                    mm_ms=mm_ms, peak_gflops=peak, samples_ms=[round(s, 4) for s in stats.samples_ms])
     ctx.record.measurements.append(m)
     return m
 
