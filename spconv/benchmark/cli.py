@@ -18,7 +18,7 @@ from spconv.benchmark.plot import save_plot
 from spconv.benchmark.progress import iterate
 from spconv.benchmark.results import Check, Record
 from spconv.benchmark.routes import chosen_route_name
-from spconv.benchmark.timing import Plan, default_plan
+from spconv.benchmark.timing import Plan, busy_load, default_plan
 from spconv.benchmark.workloads import basic, indices, layers
 from spconv.benchmark.workloads.common import DTYPES, Context
 
@@ -50,6 +50,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--plot", metavar="FILE.png", help="draw per-layer times and throughput (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="also time every row with N CPU-bound processes running beside it (busy/quiet column)")
     return p.parse_args(argv)
 
 
@@ -91,6 +93,20 @@ def device_name(device: torch.device) -> str:
     return f"CPU {model} ({os.cpu_count()} logical cores)"
 
 
+def run_tasks(tasks, args, record, seconds):
+    """The tasks in order under the progress bar, each one's time in ``seconds``."""
+    for task in iterate(tasks, enabled=not args.no_progress, notes=record.notes):
+        t0 = time.perf_counter()
+        try:
+            task.run()
+        except Exception as e:  # one broken case must not hide the others: it becomes a FAIL line
+            traceback.print_exc(file=sys.stderr)
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            record.checks.append(Check(task.label.split()[0], f"{task.label} runs", float("inf"), 0.0,
+                                       f"{type(e).__name__}: {first}"))
+        seconds[task.label] = round(time.perf_counter() - t0, 2)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -122,18 +138,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                   "layers": lambda: layers.tasks(ctx), "indices": lambda: indices.tasks(ctx)}[w]()
     if args.compare and "basic" not in workloads:
         raise SystemExit("--compare runs the basic workload: include it in --workloads")
+    if args.busy:
+        record.meta["busy_processes"] = args.busy
     print(report.format_header(record.meta), flush=True)
     seconds = record.meta.setdefault("task_seconds", {})
-    for task in iterate(tasks, enabled=not args.no_progress, notes=record.notes):
-        t0 = time.perf_counter()
-        try:
-            task.run()
-        except Exception as e:  # one broken case must not hide the others: it becomes a FAIL line
-            traceback.print_exc(file=sys.stderr)
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            record.checks.append(Check(task.label.split()[0], f"{task.label} runs", float("inf"), 0.0,
-                                       f"{type(e).__name__}: {first}"))
-        seconds[task.label] = round(time.perf_counter() - t0, 2)
+    with busy_load(args.busy):
+        run_tasks(tasks, args, record, seconds)
     compare_label = None
     if args.compare:
         target = compare.resolve_target(args.compare, args.compare_module)

@@ -43,6 +43,7 @@ def dtype_label(route: str, dtype: str) -> str:
 
 
 def measurement_rows(ms: List[Measurement]) -> List[List[str]]:
+    busy = any(m.busy_ms is not None for m in ms)
     rows = []
     for m in ms:
         route = m.route + ("*" if m.chosen else "")
@@ -52,12 +53,14 @@ def measurement_rows(ms: List[Measurement]) -> List[List[str]]:
                      fmt_num(m.median_ms),
                      spread, str(m.iters), fmt_num(m.flops / 1e9) if m.flops else "-", fmt_num(m.gflops),
                      fmt_num(mm_gflops), fmt_num(m.mm_ratio, 2) + "x" if m.mm_ms else "-",
-                     fmt_num(m.peak_fraction, 2) if m.peak_gflops else "-"])
+                     fmt_num(m.peak_fraction, 2) if m.peak_gflops else "-"]
+                    + ([fmt_num(m.busy_ms), fmt_num(m.busy_ratio, 2) + "x" if m.busy_ms else "-"] if busy else []))
     return rows
 
 
 MEASUREMENT_HEADERS = ["case", "route", "dtype", "pass", "median ms", "min-max ms", "n", "GFLOP", "GFLOP/s",
                        "mm GFLOP/s", "vs mm", "of peak"]
+BUSY_HEADERS = ["busy ms", "busy/quiet"]  # --busy N: the same row with N CPU-bound processes beside it
 
 
 def format_measurements(record: Record) -> str:
@@ -69,7 +72,8 @@ def format_measurements(record: Record) -> str:
         if peaks:
             parts.append("peak (torch.mm 2048^3, this run): " +
                          ", ".join(f"{d} {fmt_num(p)} GFLOP/s" for d, p in peaks))
-        parts.append(format_table(MEASUREMENT_HEADERS, measurement_rows(ms), left=4))
+        busy = any(m.busy_ms is not None for m in ms)
+        parts.append(format_table(MEASUREMENT_HEADERS + (BUSY_HEADERS if busy else []), measurement_rows(ms), left=4))
     return "\n\n".join(parts)
 
 
@@ -117,7 +121,9 @@ def format_header(meta: Dict[str, object]) -> str:
              f"command: {meta.get('command')}",
              f"device: {meta.get('device_name')} | torch {meta.get('torch')} | threads {meta.get('threads')} | "
              f"extension backends: {meta.get('backends')}",
-             f"timing: {meta.get('timing')}",
+             f"timing: {meta.get('timing')}" + (f"; each row also timed with {meta['busy_processes']} CPU-bound "
+                                               "processes beside it (busy ms, busy/quiet)"
+                                               if meta.get("busy_processes") else ""),
              "route* = the route a plain model call takes here; GFLOP = useful FLOPs (2 x pairs x Cin x Cout per "
              "pass); vs mm = time of torch.mm on the same FLOPs / our time (1.0x = GEMM speed); of peak = GFLOP/s / the "
              "machine's torch.mm 2048^3 rate in this run (near the FMA peak on a CPU); tf32 runs only on "

@@ -22,6 +22,7 @@ class Measurement:
     iters: int
     mm_ms: Optional[float] = None  # torch.mm on the same useful FLOPs, same run
     peak_gflops: Optional[float] = None  # the machine's big-GEMM rate (2048^3 torch.mm) for this dtype, same run
+    busy_ms: Optional[float] = None  # median with --busy N CPU-bound processes beside it, same run
     samples_ms: List[float] = field(default_factory=list)
     library: str = "this"  # "this" or the compared implementation's label
 
@@ -37,6 +38,11 @@ class Measurement:
         return self.mm_ms / self.median_ms
 
     @property
+    def busy_ratio(self) -> float:
+        """Median time under the busy load over the quiet median."""
+        return self.busy_ms / self.median_ms if self.busy_ms is not None and self.median_ms > 0 else float("nan")
+
+    @property
     def peak_fraction(self) -> float:
         """Achieved useful GFLOP/s over the machine's big-GEMM rate."""
         return self.gflops / self.peak_gflops if self.peak_gflops else float("nan")
@@ -46,6 +52,7 @@ class Measurement:
         d["gflops"] = _finite(self.gflops)
         d["mm_ratio"] = _finite(self.mm_ratio)
         d["peak_fraction"] = _finite(self.peak_fraction)
+        d["busy_ratio"] = _finite(self.busy_ratio)
         return d
 
 

@@ -2,7 +2,12 @@
 
 Standalone on purpose (torch only): the compare worker times the other implementation with the same code.
 """
+import contextlib
+import os
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -39,6 +44,7 @@ class Stats:
     """Per-iteration times in milliseconds."""
 
     samples_ms: List[float] = field(default_factory=list)
+    busy: Optional["Stats"] = None  # the same measurement with the busy load running (--busy)
 
     @property
     def median(self) -> float:
@@ -53,7 +59,56 @@ class Stats:
         return max(self.samples_ms) if self.samples_ms else float("nan")
 
     def to_dict(self) -> Dict[str, object]:
-        return {"median_ms": self.median, "min_ms": self.min, "max_ms": self.max, "samples_ms": self.samples_ms}
+        d = {"median_ms": self.median, "min_ms": self.min, "max_ms": self.max, "samples_ms": self.samples_ms}
+        if self.busy is not None:
+            d["busy"] = self.busy.to_dict()
+        return d
+
+
+class BusyLoad:
+    """``n`` CPU-bound processes (``while 1: pass``, as a DataLoader's workers keep cores busy), started once and
+    kept stopped (SIGSTOP) except while a measurement's busy pass runs: every timed row is measured quiet, then
+    busy, in the same run."""
+
+    def __init__(self, n: int):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+        self._signal(signal.SIGSTOP)
+
+    def _signal(self, sig):
+        for p in self.procs:
+            os.kill(p.pid, sig)
+
+    @contextlib.contextmanager
+    def running(self):
+        self._signal(signal.SIGCONT)
+        time.sleep(0.05)  # let the scheduler see them
+        try:
+            yield
+        finally:
+            self._signal(signal.SIGSTOP)
+
+    def close(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+_BUSY: Optional[BusyLoad] = None
+
+
+@contextlib.contextmanager
+def busy_load(n: int):
+    """While active, time_fn and time_train_step also time each measurement under ``n`` busy processes."""
+    global _BUSY
+    if n <= 0:
+        yield
+        return
+    _BUSY = BusyLoad(n)
+    try:
+        yield
+    finally:
+        _BUSY.close()
+        _BUSY = None
 
 
 class Clock:
@@ -82,7 +137,16 @@ class Clock:
 
 def time_fn(fn: Callable[[], object], device: torch.device, plan: Plan,
             on_iter: Optional[Callable[[], None]] = None) -> Stats:
-    """Times ``fn()`` end to end: ``plan.warmup`` untimed calls, then ``plan.iters`` timed ones."""
+    """Times ``fn()`` end to end: ``plan.warmup`` untimed calls, then ``plan.iters`` timed ones (and, with a busy
+    load active, the same again under it: ``.busy``)."""
+    stats = _time_fn(fn, device, plan, on_iter)
+    if _BUSY is not None:
+        with _BUSY.running():
+            stats.busy = _time_fn(fn, device, plan, on_iter)
+    return stats
+
+
+def _time_fn(fn, device, plan, on_iter) -> Stats:
     clock = Clock(device)
     for _ in range(plan.warmup):
         fn()
@@ -103,8 +167,18 @@ def time_train_step(forward: Callable[[], torch.Tensor], grad: Callable[[torch.T
                     on_iter: Optional[Callable[[], None]] = None) -> Dict[str, Stats]:
     """Forward with autograd, then backward, timed separately within each iteration.
 
-    Returns ``{"forward_train", "backward", "forward_backward"}``.
+    Returns ``{"forward_train", "backward", "forward_backward"}`` (each with ``.busy`` under a busy load).
     """
+    rec = _time_train_step(forward, grad, device, plan, zero_grad, on_iter)
+    if _BUSY is not None:
+        with _BUSY.running():
+            busy = _time_train_step(forward, grad, device, plan, zero_grad, on_iter)
+        for k in rec:
+            rec[k].busy = busy[k]
+    return rec
+
+
+def _time_train_step(forward, grad, device, plan, zero_grad, on_iter) -> Dict[str, Stats]:
     clock = Clock(device)
 
     def step(record: Optional[Dict[str, Stats]]):
