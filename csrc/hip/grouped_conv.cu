@@ -10,6 +10,7 @@
 // (the glue rejects such tables before launching).
 #include "hip_compat.h"
 
+#include "exact_math.h"
 #include "launchers.h"
 
 namespace spconv {
@@ -18,34 +19,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T> struct AccOf { using type = float; };
-template <> struct AccOf<double> { using type = double; };
-
-__device__ __forceinline__ float ld(float v) { return v; }
-__device__ __forceinline__ float ld(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ld(bf16_t v) { return bf16_to_float(v); }
-__device__ __forceinline__ double ld(double v) { return v; }
-
 template <typename T, typename A> __device__ __forceinline__ T st(A v) { return from_float<T>(v); }
 template <> __device__ __forceinline__ double st<double, double>(double v) { return v; }
-
-// a * b + c rounded twice (never contracted to an FMA), as the CPU reference of the HIP CPU tests computes it.
-__device__ __forceinline__ float mul_add_rn(float a, float b, float c) {
-#if defined(SPCONV_CUDA)
-  return __fadd_rn(__fmul_rn(a, b), c);
-#else
-#pragma clang fp contract(off)
-  return a * b + c;
-#endif
-}
-__device__ __forceinline__ double mul_add_rn(double a, double b, double c) {
-#if defined(SPCONV_CUDA)
-  return __dadd_rn(__dmul_rn(a, b), c);
-#else
-#pragma clang fp contract(off)
-  return a * b + c;
-#endif
-}
 
 // y[r, g*cog + j] = sum_k sum_c x[nbr[r, k], g*cig + c] * w[k, g, c, j].
 template <typename T>

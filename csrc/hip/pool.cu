@@ -5,6 +5,7 @@
 // Features are read in their storage type and computed in fp32 (fp64 for double) as the CPU glue does.
 #include "hip_compat.h"
 
+#include "exact_math.h"
 #include "launchers.h"
 
 namespace spconv {
@@ -12,33 +13,6 @@ namespace gpu {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <typename T> struct AccOf { using type = float; };
-template <> struct AccOf<double> { using type = double; };
-
-__device__ __forceinline__ float ld(float v) { return v; }
-__device__ __forceinline__ float ld(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ld(bf16_t v) { return bf16_to_float(v); }
-__device__ __forceinline__ double ld(double v) { return v; }
-
-// a * b + c rounded twice, never fused into an FMA: the CPU route rounds twice, and the results
-// should match it bit for bit. nvcc honours the _rn intrinsics; hipcc contracts unless told not to.
-__device__ __forceinline__ float mul_add_rn(float a, float b, float c) {
-#if defined(SPCONV_CUDA)
-  return __fadd_rn(__fmul_rn(a, b), c);
-#else
-#pragma clang fp contract(off)
-  return a * b + c;
-#endif
-}
-__device__ __forceinline__ double mul_add_rn(double a, double b, double c) {
-#if defined(SPCONV_CUDA)
-  return __dadd_rn(__dmul_rn(a, b), c);
-#else
-#pragma clang fp contract(off)
-  return a * b + c;
-#endif
-}
 
 // Grid-stride loop over the m * c (pair, channel) elements of one offset; 64-bit indices throughout.
 #define SPCONV_POOL_LOOP(m, c)                                                                              \

@@ -1,6 +1,7 @@
 #include "gather_gemm_scatter.h"
 
 #include "direct_conv.h"
+#include "one_thread_gemm.h"
 
 #include <ATen/Parallel.h>
 
@@ -14,25 +15,6 @@ namespace spconv {
 namespace native {
 
 namespace {
-
-// MKL's GEMM splits small-M products differently with 1 or 2 threads (different bits). Parallelism
-// here comes from the fixed chunks only: each GEMM runs on one thread, so results don't depend on
-// torch.set_num_threads. Weak, so builds whose BLAS isn't MKL simply skip it. (The lowercase
-// mkl_set_num_threads_local symbol is MKL's Fortran entry point, which takes a pointer.)
-extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
-
-struct ChunkGuard {
-  // ATen calls on OpenMP worker threads don't inherit the caller's below-autograd dispatch state:
-  // without this, mm_out on tensors that require grad throws there (only with > 1 thread).
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  int saved = 0;
-  ChunkGuard() {
-    if (MKL_Set_Num_Threads_Local) saved = MKL_Set_Num_Threads_Local(1);
-  }
-  ~ChunkGuard() {
-    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(saved);
-  }
-};
 
 // Rows per GEMM chunk: keep the gathered block in L2, whatever the thread count.
 int64_t chunk_rows(int64_t channels) { return std::clamp<int64_t>((int64_t{1} << 16) / std::max<int64_t>(channels, 1), 64, 1024); }
@@ -129,7 +111,7 @@ void run_tasks(int64_t n, const MakeWorker& make_worker) {
   std::atomic<int64_t> next{0};
   const int64_t workers = std::clamp<int64_t>(at::get_num_threads(), 1, n);
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    ChunkGuard guard;
+    OneThreadGemm guard;
     auto task = make_worker();
     for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < n;) task(t);
   });

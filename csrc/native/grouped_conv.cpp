@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "one_thread_gemm.h"
 #include "simd.h"
 
 #if SPCONV_HAVE_AVX2_PATH
@@ -479,22 +480,6 @@ bool backward_rows(bool avx2, const T* x, const T* wt, const T* dy, int64_t G, i
 // dW of general groups: a rank-1 update of a cig x cog block per pair would read and write the partial once per
 // pair; grouping the pairs by offset turns it into GEMMs (X_g^T dY_g over gathered rows) that keep the block in
 // registers. Segments of an offset's pairs (fixed by the sizes) sum into partials of their own, added in order.
-
-// MKL splits a small GEMM differently with 1 or 2 threads (different bits): each product here runs on one
-// thread (weak symbol: other BLAS builds skip it), and ATen calls on worker threads need the caller's
-// below-autograd dispatch state.
-extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
-
-struct OneThreadGemm {
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  int saved = 0;
-  OneThreadGemm() {
-    if (MKL_Set_Num_Threads_Local) saved = MKL_Set_Num_Threads_Local(1);
-  }
-  ~OneThreadGemm() {
-    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(saved);
-  }
-};
 
 struct PairsByOffset {
   std::vector<int64_t> start;  // [kvol + 1]
