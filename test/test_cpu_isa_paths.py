@@ -27,6 +27,9 @@ layers = {
     "groups2_wide": spconv.SubMConv3d(64, 64, 3, groups=2, indice_key="s"),
     "strided_groups8": spconv.SparseConv3d(32, 32, 3, 2, 1, groups=8),
     "dense_subm": spconv.SubMConv3d(16, 24, 3, indice_key="s"),
+    # gather-GEMM-scatter: the fused AVX-512 kernel (cout % 16 == 0) or the vendor GEMM, forward and dinput
+    "gemm_subm": spconv.SubMConv3d(64, 80, 3, indice_key="s"),
+    "gemm_strided": spconv.SparseConv3d(48, 32, 3, 2, 1),
     "maxpool": spconv.SparseMaxPool3d(3, 2, 1),
 }
 out = {}

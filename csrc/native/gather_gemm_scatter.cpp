@@ -1,11 +1,14 @@
 #include "gather_gemm_scatter.h"
 
 #include "direct_conv.h"
+#include "fused_gemm_avx512.h"
 #include "one_thread_gemm.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -15,6 +18,14 @@ namespace spconv {
 namespace native {
 
 namespace {
+
+bool fused_cpu_gemm_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SPCONV_FUSED_CPU_GEMM");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
 
 // Rows per GEMM chunk: keep the gathered block in L2, whatever the thread count.
 int64_t chunk_rows(int64_t channels) { return std::clamp<int64_t>((int64_t{1} << 16) / std::max<int64_t>(channels, 1), 64, 1024); }
@@ -157,6 +168,14 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   std::vector<int64_t> work(blocks.n_blocks);
   for (int64_t b = 0; b < blocks.n_blocks; ++b) work[b] = blocks.start[(b + 1) * kvol] - blocks.start[b * kvol];
   const std::vector<int64_t> order = longest_first(work);
+  // FP32 on AVX-512: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
+  const bool fused_kernel = src.scalar_type() == at::kFloat && fused_cpu_gemm_enabled() &&
+                            fused_gemm_avx512_ok(c_src, c_dst);
+  std::vector<float> w_rows;  // W[k] as [c_src, c_dst] row-major (transposed once for dinput)
+  if (fused_kernel) {
+    at::Tensor wr = (transpose_w ? weights.transpose(1, 2) : weights).contiguous();
+    w_rows.assign(wr.const_data_ptr<float>(), wr.const_data_ptr<float>() + wr.numel());
+  }
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "gather_gemm_scatter", [&] {
     const scalar_t* x = src.const_data_ptr<scalar_t>();
     scalar_t* y = dst.mutable_data_ptr<scalar_t>();
@@ -174,6 +193,12 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
             continue;
           }
           const int64_t begin = blocks.begin(b, k, kvol), count = blocks.count(b, k, kvol);
+          if (fused_kernel) {  // float only: the casts are no-ops
+            fused_gather_gemm_scatter_avx512(reinterpret_cast<const float*>(x), c_src, blocks.other.data() + begin,
+                                             blocks.key.data() + begin, count, w_rows.data() + k * c_src * c_dst,
+                                             c_dst, reinterpret_cast<float*>(y));
+            continue;
+          }
           for (int64_t c0 = 0; c0 < count; c0 += rows) {
             const int64_t m = std::min(rows, count - c0);
             gather_rows(x, c_src, blocks.other.data() + begin + c0, m, a.mutable_data_ptr<scalar_t>());
