@@ -3,6 +3,8 @@
 #include "direct_conv.h"
 #include "fused_gemm_avx512.h"
 #include "one_thread_gemm.h"
+#include "run_tasks.h"
+#include "split_k.h"
 
 #include <ATen/Parallel.h>
 
@@ -113,21 +115,6 @@ RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const in
   return d;
 }
 
-// Runs task(t) for t in [0, n) with per-worker state: workers pull tasks in the given order (longest first
-// balances best) off a shared counter, so the threads stay busy however uneven the tasks are. Every task
-// writes only its own output, so which worker ran it never changes the bits.
-template <typename MakeWorker>
-void run_tasks(int64_t n, const MakeWorker& make_worker) {
-  if (n <= 0) return;
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::clamp<int64_t>(at::get_num_threads(), 1, n);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    OneThreadGemm guard;
-    auto task = make_worker();
-    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < n;) task(t);
-  });
-}
-
 // Task order, most pairs first.
 std::vector<int64_t> longest_first(const std::vector<int64_t>& work) {
   std::vector<int64_t> order(work.size());
@@ -171,19 +158,18 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   // FP32 on AVX-512: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
   const bool fused_kernel = src.scalar_type() == at::kFloat && fused_cpu_gemm_enabled() &&
                             fused_gemm_avx512_ok(c_src, c_dst);
-  std::vector<float> w_rows;  // W[k] as [c_src, c_dst] row-major (transposed once for dinput)
-  if (fused_kernel) {
-    at::Tensor wr = (transpose_w ? weights.transpose(1, 2) : weights).contiguous();
-    w_rows.assign(wr.const_data_ptr<float>(), wr.const_data_ptr<float>() + wr.numel());
-  }
+  // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput.
+  const at::Tensor w_rows =
+      fused_kernel ? (transpose_w ? weights.transpose(1, 2) : weights).contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "gather_gemm_scatter", [&] {
     const scalar_t* x = src.const_data_ptr<scalar_t>();
     scalar_t* y = dst.mutable_data_ptr<scalar_t>();
     // One pass over the blocks: a block's rows stay in cache over all offsets, and no barrier separates the
     // offsets.
-    run_tasks(blocks.n_blocks, [&] {
-      at::Tensor a = at::empty({rows, c_src}, src.options());
-      at::Tensor out = at::empty({rows, c_dst}, src.options());
+    run_tasks<OneThreadGemm>(blocks.n_blocks, [&] {
+      // The gather and product buffers of the vendor-GEMM path (the fused kernel needs none).
+      at::Tensor a = fused_kernel ? at::Tensor() : at::empty({rows, c_src}, src.options());
+      at::Tensor out = fused_kernel ? at::Tensor() : at::empty({rows, c_dst}, src.options());
       return [&, a, out](int64_t t) {
         const int64_t b = order[t];
         const int64_t r0 = b * blocks.rows, r1 = std::min(n_dst, r0 + blocks.rows);
@@ -195,7 +181,8 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
           const int64_t begin = blocks.begin(b, k, kvol), count = blocks.count(b, k, kvol);
           if (fused_kernel) {  // float only: the casts are no-ops
             fused_gather_gemm_scatter_avx512(reinterpret_cast<const float*>(x), c_src, blocks.other.data() + begin,
-                                             blocks.key.data() + begin, count, w_rows.data() + k * c_src * c_dst,
+                                             blocks.key.data() + begin, count,
+                                             w_rows.const_data_ptr<float>() + k * c_src * c_dst,
                                              c_dst, reinterpret_cast<float*>(y));
             continue;
           }
@@ -214,47 +201,26 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
 
 namespace {
 
-// dw[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]], split over K (the pairs): each offset's pairs are cut into
-// segments of about the same length, and each segment sums its chunks' products (in pair order) into a
-// partial of its own; the partials of an offset are then added in segment order. Segments and chunks depend on
-// the sizes only, so the bits don't depend on the thread count. The segments are long enough that each GEMM
-// has a large K and the partials stay few.
+// dw[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]], split over K (the pairs, split_k.h): each segment sums its
+// chunks' products (in pair order) into dw[k] or a partial of its own.
 void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_in, const int32_t* pair_out,
                  const int64_t* offsets, const std::vector<char>& identity, at::Tensor& dw) {
-  constexpr int64_t kTargetSegments = 64;
   const int64_t kvol = dw.size(0), c_in = x.size(1), c_out = dy.size(1);
-  // Chunk rows: both gathered chunks together stay within L2.
-  const int64_t rows =
-      std::clamp<int64_t>((int64_t{1} << 19) / ((c_in + c_out) * x.element_size()), 128, 2048);
-  const int64_t total = offsets[kvol] - offsets[0];
-  const int64_t seg_len = std::max(rows, (total + kTargetSegments - 1) / kTargetSegments / rows * rows);
-  struct Segment {
-    int64_t k, begin, end, slot;  // slot < 0: the offset's first segment, written to dw[k] itself
-  };
-  std::vector<Segment> segs;
-  int64_t n_partials = 0;
-  for (int64_t k = 0; k < kvol; ++k) {
-    const int64_t count = offsets[k + 1] - offsets[k];
-    if (count == 0) {
-      dw[k].zero_();
-      continue;
-    }
-    const int64_t n_seg = (count + seg_len - 1) / seg_len;
-    for (int64_t s = 0; s < n_seg; ++s)
-      segs.push_back({k, offsets[k] + count * s / n_seg, offsets[k] + count * (s + 1) / n_seg, s == 0 ? -1 : n_partials++});
-  }
-  at::Tensor part = at::empty({n_partials, c_in, c_out}, x.options());
+  const SplitK plan = plan_split_k(offsets, kvol, c_in, c_out, x.element_size(), dw);
+  const std::vector<KSegment>& segs = plan.segs;
+  const int64_t rows = plan.rows;
+  at::Tensor part = at::empty({plan.n_partials, c_in, c_out}, x.options());
   std::vector<int64_t> work(segs.size());
   for (size_t i = 0; i < segs.size(); ++i) work[i] = segs[i].end - segs[i].begin;
   const std::vector<int64_t> order = longest_first(work);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "weight_grad", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
-    run_tasks(static_cast<int64_t>(segs.size()), [&] {
+    run_tasks<OneThreadGemm>(static_cast<int64_t>(segs.size()), [&] {
       at::Tensor a = at::empty({rows, c_in}, x.options());
       at::Tensor b = at::empty({rows, c_out}, x.options());
       return [&, a, b](int64_t t) {
-        const Segment& sg = segs[order[t]];
+        const KSegment& sg = segs[order[t]];
         at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
         if (identity[sg.k]) {  // rows map to themselves: no gather
           const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
@@ -271,8 +237,7 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
       };
     });
   });
-  for (const Segment& sg : segs)
-    if (sg.slot >= 0) dw[sg.k].add_(part[sg.slot]);
+  add_partials(plan, part, dw);
 }
 
 // Backward in one pass over blocks of input rows (dY gathered once per pair for both products, and a block's
@@ -309,7 +274,7 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
-    run_tasks(n_groups, [&] {
+    run_tasks<OneThreadGemm>(n_groups, [&] {
       at::Tensor a = at::empty({rows, c_in}, x.options());
       at::Tensor b = at::empty({rows, c_out}, x.options());
       at::Tensor o = at::empty({rows, c_in}, x.options());

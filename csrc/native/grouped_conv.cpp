@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "one_thread_gemm.h"
+#include "run_tasks.h"
 #include "simd.h"
+#include "split_k.h"
 
 #if SPCONV_HAVE_AVX2_PATH
 #include <immintrin.h>
@@ -66,21 +68,6 @@ bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body) {
     body(r, PairList{other.data(), offset.data(), n});
   }
   return !bad;
-}
-
-// Runs task(t) for t in [0, n): workers (make_worker() builds each one's task, with its scratch) take the tasks
-// one at a time off a shared counter. Pair density varies a lot across a scan, so a static split of the rows
-// left one thread idle for a large part of the run. Every task writes only its own rows or partial: which
-// worker ran it never changes the bits.
-template <typename MakeWorker>
-void run_tasks(int64_t n, const MakeWorker& make_worker) {
-  if (n <= 0) return;
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::clamp<int64_t>(at::get_num_threads(), 1, n);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    auto task = make_worker();
-    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < n;) task(t);
-  });
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -514,37 +501,19 @@ void gather(const T* src, int64_t c, const int32_t* idx, int64_t m, T* buf) {
 
 // dw [kvol, G, cig, cog] = per offset and group, sum over the offset's pairs of x[in]_g^T dy[out]_g.
 void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOffset& p, at::Tensor& dw) {
-  constexpr int64_t kTargetSegments = 64;
   const int64_t kvol = dw.size(0), G = dw.size(1), cig = dw.size(2), cog = dw.size(3);
   const int64_t cin = x.size(1), cout = dy.size(1);
-  const int64_t rows = std::clamp<int64_t>((int64_t{1} << 19) / ((cin + cout) * x.element_size()), 128, 2048);
-  const int64_t total = p.start[kvol];
-  const int64_t seg_len = std::max(rows, (total + kTargetSegments - 1) / kTargetSegments / rows * rows);
-  struct Segment {
-    int64_t k, begin, end, slot;  // slot < 0: the offset's first segment, written to dw[k] itself
-  };
-  std::vector<Segment> segs;
-  int64_t n_partials = 0;
-  for (int64_t k = 0; k < kvol; ++k) {
-    const int64_t count = p.start[k + 1] - p.start[k];
-    if (count == 0) {
-      dw[k].zero_();
-      continue;
-    }
-    const int64_t n_seg = (count + seg_len - 1) / seg_len;
-    for (int64_t q = 0; q < n_seg; ++q)
-      segs.push_back({k, p.start[k] + count * q / n_seg, p.start[k] + count * (q + 1) / n_seg,
-                      q == 0 ? -1 : n_partials++});
-  }
-  at::Tensor part = at::empty({n_partials, G, cig, cog}, x.options());
+  const SplitK plan = plan_split_k(p.start.data(), kvol, cin, cout, x.element_size(), dw);
+  const std::vector<KSegment>& segs = plan.segs;
+  const int64_t rows = plan.rows;
+  at::Tensor part = at::empty({plan.n_partials, G, cig, cog}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "grouped_weight_grad", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
-    run_tasks(static_cast<int64_t>(segs.size()), [&] {
-      auto guard = std::make_shared<OneThreadGemm>();
+    run_tasks<OneThreadGemm>(static_cast<int64_t>(segs.size()), [&] {
       at::Tensor a = at::empty({rows, cin}, x.options()), b = at::empty({rows, cout}, x.options());
-      return [&, guard, a, b](int64_t t) {
-        const Segment& sg = segs[t];
+      return [&, a, b](int64_t t) {
+        const KSegment& sg = segs[t];
         at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
         for (int64_t c0 = sg.begin; c0 < sg.end; c0 += rows) {
           const int64_t m = std::min(rows, sg.end - c0);
@@ -560,8 +529,7 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
       };
     });
   });
-  for (const Segment& sg : segs)
-    if (sg.slot >= 0) dw[sg.k].add_(part[sg.slot]);
+  add_partials(plan, part, dw);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -166,7 +166,7 @@ HostPairOffsets check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pai
     TORCH_CHECK_VALUE(npairs == 0 || (info->in_rows <= num_in && info->out_rows <= num_out), "map_info says ",
                       "the pairs index ", info->in_rows, " input and ", info->out_rows, " output rows, but there are ",
                       num_in, " and ", num_out);
-    return {info->offsets, at::Tensor()};
+    return {info->offsets, at::Tensor(), info->repeat_free};
   }
   std::vector<at::Tensor> parts{pair_offsets.contiguous()};
   if (extra.defined()) parts.push_back(extra.to(at::kLong).reshape({-1}));

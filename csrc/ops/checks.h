@@ -64,6 +64,7 @@ std::optional<MapInfo> read_map_info(const std::optional<at::Tensor>& map_info, 
 struct HostPairOffsets {
   at::Tensor offsets;  // int64 [kvol + 1] on the CPU
   at::Tensor extra;    // the host copy of `extra` (empty when none was given, or when map_info was)
+  bool repeat_free = false;  // map_info's flag (false without map_info: not known)
 };
 
 // check_pair_layout_host on tensors, so a bad kernel map fails with a message instead of reading or writing

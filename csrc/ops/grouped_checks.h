@@ -78,6 +78,14 @@ inline void check_indice_conv_grouped_args(const at::Tensor& features, const at:
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
 }
 
+// indice_conv_grouped_backward: the forward's checks, with out_grad's rows as the outputs.
+inline void check_indice_conv_grouped_backward_args(const at::Tensor& features, const at::Tensor& filters,
+                                                    const at::Tensor& out_grad, const at::Tensor& pair_in,
+                                                    const at::Tensor& pair_out, const at::Tensor& pair_offsets) {
+  check_indice_conv_grouped_args(features, filters, pair_in, pair_out, pair_offsets, out_grad.size(0));
+  check_grouped_out_grad(out_grad, filters, features, out_grad.size(0));
+}
+
 // The pairs' rows checked against the row counts (check_pair_rows); returns the host copy of pair_offsets. The
 // grouped glue checks a map through this one call only.
 inline at::Tensor checked_pair_offsets(const at::Tensor& pair_in, const at::Tensor& pair_out,

@@ -41,6 +41,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_kno
 
 from spconv import _backend  # loads the extension, which defines the ops; _backend.ops calls them
 from spconv.pytorch import pair_rounds
+from spconv.pytorch.core import map_info_of
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KVOL = 4096
@@ -75,11 +76,6 @@ def _fused_conv_dfilter_fake(features, out_grad, pair_in, pair_out, pair_offsets
 
 
 # ---- tables ----
-def _info(maps):
-    """The map's host record for the ops (None: they check the map themselves, one device->host copy)."""
-    return getattr(maps, "map_info", None)
-
-
 def _reversed(maps):
     rev = getattr(maps, "reversed", None)
     if callable(rev):
@@ -104,7 +100,7 @@ def fused_tables(maps, num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor,
             tables = (built, *_backend.ops.fused_map_masks(built, s))
         else:
             tables = _backend.ops.build_fused_map(maps.pair_in, maps.pair_out, maps.pair_offsets, maps.num_out, s,
-                                                  _info(maps))
+                                                  map_info_of(maps))
         maps.cache[key] = tables
     return tables
 
@@ -149,7 +145,7 @@ class FusedConvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, filters, maps, num_splits):
         nbr, masks, order = fused_tables(maps, num_splits)
-        out = _backend.ops.fused_conv(features, filters, nbr, masks, order, _info(maps))
+        out = _backend.ops.fused_conv(features, filters, nbr, masks, order, map_info_of(maps))
         ctx.maps = maps
         ctx.num_splits = num_splits
         ctx.save_for_backward(features, filters)
@@ -166,10 +162,10 @@ class FusedConvFunction(torch.autograd.Function):
             rev = _reversed(maps)
             nbr, masks, order = fused_tables(rev, ctx.num_splits)
             dx = _backend.ops.fused_conv(grad_out, filters.transpose(1, 2).contiguous(), nbr, masks, order,
-                                         _info(rev))
+                                         map_info_of(rev))
         if ctx.needs_input_grad[1]:
             dw = _backend.ops.fused_conv_dfilter(features, grad_out, maps.pair_in, maps.pair_out, maps.pair_offsets,
-                                                 _info(maps))
+                                                 map_info_of(maps))
         return dx, dw, None, None
 
 

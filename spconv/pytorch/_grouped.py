@@ -23,7 +23,7 @@ import torch
 
 from spconv import _backend, constants
 from spconv.pytorch import _fused, pair_rounds
-from spconv.pytorch.core import make_map_info
+from spconv.pytorch.core import make_map_info, map_info_input, map_info_of
 
 
 def check_groups(in_channels: int, out_channels: int, groups) -> int:
@@ -64,14 +64,10 @@ def _indice_conv_grouped_backward_fake(features, filters, out_grad, pair_in, pai
 
 
 # ---- autograd: each backward calls the library its forward ran in ----
-def _map_info_of(inputs, n):
-    return inputs[n] if len(inputs) > n else None
-
-
 def _table_setup_context(ctx, inputs, output):
     features, filters, _nbr, nbr_t = inputs[:4]
     ctx.save_for_backward(features, filters, nbr_t)
-    ctx.map_info = _map_info_of(inputs, 4)  # a CPU tensor, never differentiated
+    ctx.map_info = map_info_input(inputs, 4)  # a CPU tensor, never differentiated
 
 
 def _table_backward(lib, ctx, grad):
@@ -83,7 +79,7 @@ def _table_backward(lib, ctx, grad):
 def _pairs_setup_context(ctx, inputs, output):
     features, filters, pair_in, pair_out, pair_offsets = inputs[:5]
     ctx.save_for_backward(features, filters, pair_in, pair_out, pair_offsets)
-    ctx.map_info = _map_info_of(inputs, 6)
+    ctx.map_info = map_info_input(inputs, 6)
 
 
 def _pairs_backward(lib, ctx, grad):
@@ -151,9 +147,9 @@ def _gpu_one(features, filters, maps, num_out):
 
 def _table(features, filters, maps):
     nbr, nbr_t = tables(maps, _needs_grad(features, filters))
-    return _backend.ops.grouped_conv(features, filters, nbr, nbr_t, getattr(maps, "map_info", None))
+    return _backend.ops.grouped_conv(features, filters, nbr, nbr_t, map_info_of(maps))
 
 
 def _pairs(features, filters, maps, num_out):
     return _backend.ops.indice_conv_grouped(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets,
-                                            num_out, getattr(maps, "map_info", None))
+                                            num_out, map_info_of(maps))

@@ -26,6 +26,17 @@ def make_map_info(offsets_host: torch.Tensor, in_rows: int, out_rows: int, repea
     return torch.cat([offsets_host.to(device="cpu", dtype=torch.int64).reshape(-1), extras])
 
 
+def map_info_of(maps) -> Optional[torch.Tensor]:
+    """The ops' ``map_info`` argument for ``maps``: its host record, or None (maps that are not PairMaps, traced
+    graphs), when the ops check the map themselves."""
+    return getattr(maps, "map_info", None)
+
+
+def map_info_input(inputs, n: int) -> Optional[torch.Tensor]:
+    """The optional ``map_info`` input (position n) of an op's inputs in an autograd setup_context."""
+    return inputs[n] if len(inputs) > n else None
+
+
 class PairMaps:
     """The kernel map of one layer: per kernel offset, the (input row, output row) pairs.
 

@@ -12,7 +12,7 @@ from spconv import constants  # noqa: F401
 from spconv.constants import AllocKeys  # noqa: F401
 from spconv.core import AlgoHint, ConvAlgo  # noqa: F401
 from spconv.pytorch import pair_rounds
-from spconv.pytorch.core import PairMaps
+from spconv.pytorch.core import PairMaps, map_info_input
 
 _ops = _backend.ops  # the selected op library (torch.ops.spconv unless a test swaps it)
 
@@ -90,15 +90,10 @@ def _indice_conv_backward_fake(features, filters, out_grad, pair_in, pair_out, p
     return torch.empty_like(features), torch.empty_like(filters)
 
 
-def _map_info_of(inputs, n):
-    """The optional map_info argument (index n) of an op's inputs (absent when the caller left the default)."""
-    return inputs[n] if len(inputs) > n else None
-
-
 def _indice_conv_setup_context(ctx, inputs, output):
     features, filters, pair_in, pair_out, pair_offsets = inputs[:5]
     ctx.save_for_backward(features, filters, pair_in, pair_out, pair_offsets)
-    ctx.map_info = _map_info_of(inputs, 6)  # a CPU tensor, never differentiated
+    ctx.map_info = map_info_input(inputs, 6)  # a CPU tensor, never differentiated
 
 
 def _indice_conv_backward(lib, ctx, grad):
@@ -140,7 +135,7 @@ def _indice_avgpool_backward_fake(out_grad, count, pair_in, pair_out, pair_offse
 def _maxpool_setup_context(ctx, inputs, output):
     features, pair_in, pair_out, pair_offsets = inputs[:4]
     ctx.save_for_backward(features, output, pair_in, pair_out, pair_offsets)
-    ctx.map_info = _map_info_of(inputs, 5)
+    ctx.map_info = map_info_input(inputs, 5)
 
 
 def _maxpool_backward(lib, ctx, grad):
@@ -154,7 +149,7 @@ def _avgpool_setup_context(ctx, inputs, output):
     features, pair_in, pair_out, pair_offsets = inputs[:4]
     ctx.save_for_backward(output[1], pair_in, pair_out, pair_offsets)
     ctx.num_in = features.shape[0]
-    ctx.map_info = _map_info_of(inputs, 5)
+    ctx.map_info = map_info_input(inputs, 5)
     ctx.mark_non_differentiable(output[1])
 
 

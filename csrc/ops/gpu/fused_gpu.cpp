@@ -49,14 +49,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_gpu(const at::Ten
   at::Tensor nbr = at::full({num_rows, kvol}, -1, opts);
   // Out-of-range rows and offsets must not write outside the table (input rows are bounded by the features,
   // which fused_conv gets later: here only >= 0): map_info, or one small host copy.
-  check_pair_rows(pair_in, pair_out, po, std::numeric_limits<int32_t>::max(), num_rows, map_info);
-  const auto info = read_map_info(map_info, kvol, npairs);
+  const bool repeat_free =
+      check_pair_rows(pair_in, pair_out, po, std::numeric_limits<int32_t>::max(), num_rows, map_info).repeat_free;
   at::Tensor repeated = at::zeros({1}, opts);
   check_launch(gpu::fused_map_fill(pair_in.const_data_ptr<int32_t>(), pair_out.const_data_ptr<int32_t>(),
                                    po.const_data_ptr<int64_t>(), kvol, npairs, num_rows,
                                    nbr.mutable_data_ptr<int32_t>(), repeated.mutable_data_ptr<int32_t>(), stream),
                "fused_map_fill");
-  if (npairs > 0 && !(info && info->repeat_free)) check_no_repeated_output(to_host(repeated).item<int32_t>() != 0);
+  if (npairs > 0 && !repeat_free) check_no_repeated_output(to_host(repeated).item<int32_t>() != 0);
   auto [masks, order] = masks_and_order(nbr, num_splits, stream);
   return {nbr, masks, order};
 }

@@ -129,8 +129,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_grouped_backward_gpu(const at::Te
                                                                     const at::Tensor& pair_out,
                                                                     const at::Tensor& pair_offsets,
                                                                     const std::optional<at::Tensor>& map_info) {
-  check_indice_conv_grouped_args(features, filters, pair_in, pair_out, pair_offsets, out_grad.size(0));
-  check_grouped_out_grad(out_grad, filters, features, out_grad.size(0));
+  check_indice_conv_grouped_backward_args(features, filters, out_grad, pair_in, pair_out, pair_offsets);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), dy = out_grad.contiguous();

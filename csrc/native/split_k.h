@@ -1,0 +1,56 @@
+// The split-K plan of a filter gradient dw[k] = sum over offset k's pairs of x[in]^T dy[out]: each offset's
+// pairs are cut into segments of about the same length; an offset's first segment writes dw[k] itself, the
+// others write partials of their own, added afterwards in segment order. The plan depends on the sizes only,
+// so the bits don't depend on the thread count; the segments are long enough that each GEMM has a large K and
+// the partials stay few.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace spconv {
+namespace native {
+
+struct KSegment {
+  int64_t k, begin, end, slot;  // pairs [begin, end) of offset k; slot < 0: written to dw[k] itself
+};
+
+struct SplitK {
+  int64_t rows = 0;  // pairs gathered per GEMM chunk: both gathered chunks together stay within L2
+  std::vector<KSegment> segs;
+  int64_t n_partials = 0;
+};
+
+// offsets [kvol + 1] of pairs with c_in / c_out channels of elem_size bytes; dw[k] of offsets without pairs is
+// zeroed here.
+inline SplitK plan_split_k(const int64_t* offsets, int64_t kvol, int64_t c_in, int64_t c_out, int64_t elem_size,
+                           at::Tensor& dw) {
+  constexpr int64_t kTargetSegments = 64;
+  SplitK p;
+  p.rows = std::clamp<int64_t>((int64_t{1} << 19) / ((c_in + c_out) * elem_size), 128, 2048);
+  const int64_t total = offsets[kvol] - offsets[0];
+  const int64_t seg_len = std::max(p.rows, (total + kTargetSegments - 1) / kTargetSegments / p.rows * p.rows);
+  for (int64_t k = 0; k < kvol; ++k) {
+    const int64_t count = offsets[k + 1] - offsets[k];
+    if (count == 0) {
+      dw[k].zero_();
+      continue;
+    }
+    const int64_t n_seg = (count + seg_len - 1) / seg_len;
+    for (int64_t s = 0; s < n_seg; ++s)
+      p.segs.push_back({k, offsets[k] + count * s / n_seg, offsets[k] + count * (s + 1) / n_seg,
+                        s == 0 ? -1 : p.n_partials++});
+  }
+  return p;
+}
+
+// dw[k] += the partials of its later segments, in segment order.
+inline void add_partials(const SplitK& p, const at::Tensor& part, at::Tensor& dw) {
+  for (const KSegment& sg : p.segs)
+    if (sg.slot >= 0) dw[sg.k].add_(part[sg.slot]);
+}
+
+}  // namespace native
+}  // namespace spconv
