@@ -124,4 +124,27 @@ SPCONV_SCHEMA(m) {
       "indice_conv_grouped_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor pair_in, "
       "Tensor pair_out, Tensor pair_offsets, Tensor? map_info=None) -> (Tensor, Tensor)");
   // ---- end grouped convolution ----
+
+  // ---- int8 inference (section owner: quantization) ----
+  // Symmetric int8 convolution (every zero point 0), output-stationary over a neighbour table; one pass, int8 in
+  // and int8 out. features int8 [num_in, Cin]; filters int8 [kvol, Cin, Cout] (the native route's layout);
+  // nbr int32 [num_out, T], T a positive multiple of kvol: column j holds the input row feeding the output row
+  // through filters[j % kvol] (-1: none). T > kvol only for maps that repeat a row within an offset (duplicate
+  // coordinates): one block of kvol columns per round. The integer sum is exact:
+  //   acc[o, c] = sum_j sum_i features[nbr[o, j], i] * filters[j % kvol, i, c]   (int32; the glue refuses T * Cin >= 2^17)
+  // then the epilogue in FP32, each operation rounded on its own (never contracted into an FMA):
+  //   v = float(acc) * scale[c];  v = v + bias[c] (bias given);  v = v + float(residual[o, c]) * residual_scale
+  //   (residual given; the product rounded, then the sum);  activation 0: none, 1: ReLU v = max(v, 0),
+  //   2: LeakyReLU v = v < 0 ? v * alpha : v;  out[o, c] = clamp(nearbyint(v), -128, 127) (ties to even).
+  // scale float32 [Cout] = input_scale * weight_scale[c] / output_scale; bias float32 [Cout] = bias / output_scale;
+  // residual int8 [num_out, Cout] with residual_scale = its scale / output_scale. map_info (get_indice_pairs')
+  // of the map nbr was built from bounds its entries on the host; without it the op checks them itself.
+  // Integer max pooling is indice_maxpool on int8 features (exact; outputs start at 0 as for floats).
+  m.def(
+      "quantized_conv(Tensor features, Tensor filters, Tensor nbr, Tensor scale, Tensor? bias, Tensor? residual, "
+      "float residual_scale, int activation, float alpha, Tensor? map_info=None) -> Tensor");
+  // Which int8 kernel quantized_conv runs for this tensor's device: avx512_vnni, avx2 or generic on the CPU;
+  // the GPU build's body (dp4a, sdot4, mfma_i8, mma_s8, simt).
+  m.def("quantized_conv_path(Tensor features) -> str");
+  // ---- end int8 inference ----
 }
