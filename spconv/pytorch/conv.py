@@ -17,10 +17,10 @@ from torch.nn.parameter import Parameter
 
 from spconv import constants
 from spconv.core import Activation, ConvAlgo
-from spconv.pytorch import _checkpoint, _grouped, ops
+from spconv.pytorch import _checkpoint, _grouped, _int8, ops
 # ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
 from spconv.pytorch.core import (ImplicitGemmIndiceData, IndiceData, SparseConvTensor,  # noqa: F401
-                                 check_unique_indices, expand_nd)
+                                 check_unique_indices, expand_nd, map_info_of)
 from spconv.pytorch._symsize import check_equal
 from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
 from spconv.pytorch.functional import conv_features, weight_to_filters
@@ -117,7 +117,179 @@ class SparseConvolutionBase:
         self.weight_shape = [self.out_channels, *self.kernel_size, self.in_channels // groups]
 
 
-class SparseConvolution(SparseConvolutionBase, SparseModule):
+def _int8_args_check(conv, features, weight, channel_scale, output_scale, add_input):
+    if not (features.is_quantized and weight.is_quantized):
+        raise TypeError(f"{type(conv).__name__}: int8 needs quantized features and a quantized weight, got "
+                        f"features {features.dtype} and weight {weight.dtype} (run the model through "
+                        "spconv.pytorch.quantization's convert)")
+    if channel_scale is None or output_scale is None:
+        raise ValueError(f"{type(conv).__name__}: an int8 convolution needs channel_scale and output_scale "
+                         "(a static quantized module passes them)")
+    if conv.groups != 1:
+        raise NotImplementedError(f"{type(conv).__name__}: int8 grouped convolution (groups={conv.groups}) is not "
+                                  "supported; leave this layer in float (qconfig None)")
+    if add_input is not None and not add_input.is_quantized:
+        raise TypeError(f"{type(conv).__name__}: the residual of an int8 conv-add must be quantized, got "
+                        f"{add_input.features.dtype}")
+
+
+class SparseConvForward:
+    """The convolution body shared by the float convs and the int8 ones (``quantization.quantized``), which keep
+    their weight elsewhere: geometry from SparseConvolutionBase, kernel maps from the input's indice_dict."""
+
+    def _out_spatial_shape(self, spatial_shape: List[int]) -> List[int]:
+        if self.subm or self.inverse:  # an inverse conv takes its shape from the stored map
+            return list(spatial_shape)
+        if self.transposed:
+            return ops.get_deconv_output_size(spatial_shape, self.kernel_size, self.stride, self.padding,
+                                              self.dilation, self.output_padding)
+        return ops.get_conv_output_size(spatial_shape, self.kernel_size, self.stride, self.padding, self.dilation)
+
+    def _finish(self, x: torch.Tensor, bias: Optional[torch.Tensor], add_input: Optional[SparseConvTensor],
+                act: str, alpha: float) -> torch.Tensor:
+        if bias is not None:
+            x = x + bias
+        if add_input is not None:
+            x = x + add_input.features
+        return apply_activation(x, act, alpha)
+
+    def _conv_forward(self, training: bool, input: SparseConvTensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor], add_input: Optional[SparseConvTensor] = None,
+                      channel_scale: Optional[torch.Tensor] = None, output_scale: Optional[float] = None,
+                      name: Optional[str] = None, sparse_unique_name: str = "", act_type=None,
+                      act_alpha: Optional[float] = None, act_beta: Optional[float] = None) -> SparseConvTensor:
+        """spconv 2.x's convolution body with the weight and bias given (QAT passes fake-quantized weights, the
+        fused conv-bn modules folded ones). ``add_input`` is added before the activation (conv-add-relu).
+        With quantized features and weight it is the int8 convolution: ``channel_scale`` is
+        ``input_scale * weight_scales / output_scale``, ``bias`` is divided by ``output_scale`` already and the
+        result is qint8 with scale ``output_scale`` (the residual and activation are applied in the kernel)."""
+        if not isinstance(input, SparseConvTensor):
+            raise TypeError(f"{type(self).__name__} expects a SparseConvTensor, got {type(input).__name__}")
+        act = self._act if act_type is None else _activation_name(act_type)
+        alpha = self.act_alpha if act_alpha is None else act_alpha
+        features = input.features
+        if features.shape[1] != self.in_channels:
+            raise ValueError(f"channel size mismatch: {type(self).__name__} expects {self.in_channels} input "
+                             f"channels, features have {features.shape[1]}")
+        if len(input.spatial_shape) != self.ndim:
+            raise ValueError(f"{type(self).__name__} is {self.ndim}-D but the input's spatial_shape is "
+                             f"{input.spatial_shape}")
+        int8 = features.is_quantized or weight.is_quantized
+        if int8:
+            _int8_args_check(self, features, weight, channel_scale, output_scale, add_input)
+        else:
+            device_type = features.device.type
+            if torch.is_autocast_enabled(device_type):
+                # spconv 2.x casts conv inputs to the autocast dtype (FP16 on GPU); on CPU that dtype is BF16.
+                dtype = torch.get_autocast_dtype(device_type)
+                features, weight = features.to(dtype), weight.to(dtype)
+                bias = None if bias is None else bias.to(dtype)
+            elif weight.dtype != features.dtype:
+                raise TypeError(f"features dtype {features.dtype} differs from the weight dtype {weight.dtype}")
+        spatial_shape = input.spatial_shape
+        out_spatial_shape = self._out_spatial_shape(spatial_shape)
+
+        # A kernel-volume-1 inverse conv still restores the coordinates stored under its key (spconv 2.x would
+        # return the downsampled ones), reading its weight like any other inverse conv.
+        restore = self.inverse and input.find_indice_pair(self.indice_key) is not None
+        if self.conv1x1 and not restore:
+            if int8:
+                out = self._int8_conv(features, weight, _int8.identity_table(features.shape[0], features.device),
+                                      channel_scale, bias, output_scale, add_input, act, alpha, None)
+            elif self.groups != 1:
+                out = _grouped.conv1x1_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups))
+                out = self._finish(out, bias, add_input, act, alpha)
+            else:
+                out = torch.mm(features, weight.view(self.in_channels, self.out_channels))
+                out = self._finish(out, bias, add_input, act, alpha)
+            return input.with_structure(out, input.indices, out_spatial_shape, input.indice_dict)
+
+        indice_dict = input.indice_dict.copy()
+        datas = input.find_indice_pair(self.indice_key)
+        if self.inverse:
+            if self.indice_key is None:
+                raise ValueError(f"{type(self).__name__} needs the indice_key of the conv it inverts")
+            if datas is None:
+                raise ValueError(f"{type(self).__name__}: no kernel map stored under indice_key "
+                                 f"{self.indice_key!r}; run the SparseConv/SparseMaxPool with that key first")
+            if datas.is_subm:
+                raise ValueError(f"indice_key {self.indice_key!r} holds a submanifold conv's map; an inverse conv "
+                                 "undoes a regular conv or a max-pool")
+            self._check_inverse_reuse_valid(input, datas)
+            outids = datas.indices
+            maps = datas.maps.reversed()
+            out_spatial_shape = datas.spatial_shape
+        elif datas is not None:
+            if not (self.subm and datas.is_subm):
+                raise ValueError(f"indice_key {self.indice_key!r} already exists in this tensor; only submanifold "
+                                 "convs at the same resolution may share a key")
+            self._check_subm_reuse_valid(input, datas)
+            outids = datas.out_indices
+            maps = datas.maps
+        else:
+            if constants.SPCONV_CHECK_DUPLICATES and not self.subm:  # subm checks in the kernel-map builder
+                check_unique_indices(input.indices)
+            outids, maps = ops.build_kernel_map(input.indices, input.batch_size, spatial_shape, out_spatial_shape,
+                                                self.kernel_size, self.stride, self.padding, self.dilation,
+                                                self.subm, self.transposed)
+            if self.indice_key is not None:
+                indice_dict[self.indice_key] = IndiceData(
+                    outids, input.indices, maps, spatial_shape, out_spatial_shape, is_subm=self.subm,
+                    algo=self.algo, ksize=self.kernel_size, stride=self.stride, dilation=self.dilation,
+                    padding=self.padding)
+        counter = self.get_max_num_voxels()
+        if counter is not None:  # spconv 2.x records in training and inference alike
+            ops.maximum_value_int_(counter, outids.shape[0])
+        if int8:
+            out = self._int8_conv(features, weight, _int8.neighbour_table(maps), channel_scale, bias, output_scale,
+                                  add_input, act, alpha, map_info_of(maps))
+        else:
+            if self.groups != 1:
+                out = _grouped.conv_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups), maps,
+                                            outids.shape[0])
+            else:
+                out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
+            out = self._finish(out, bias, add_input, act, alpha)
+        return input.with_structure(out, outids, out_spatial_shape, indice_dict)
+
+    def _int8_conv(self, features, qweight, nbr, channel_scale, bias, output_scale, add_input, act, alpha,
+                   map_info) -> torch.Tensor:
+        cached = getattr(self, "_int8_filters_cache", None)
+        if cached is None or cached[0] is not qweight:  # the int8 [kvol, Cin, Cout] filters, once per weight
+            cached = (qweight, _int8.quantized_weight_filters(qweight).to(features.device))
+            self._int8_filters_cache = cached
+        residual = None if add_input is None else add_input.features
+        return _int8.conv(features, cached[1], nbr, channel_scale, bias, output_scale, residual, act, alpha,
+                          map_info)
+
+    def _check_subm_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
+        key = self.indice_key
+        if self.kernel_size != datas.ksize:
+            raise ValueError(f"subm layers sharing indice_key {key!r} must have the same kernel_size: stored "
+                             f"{datas.ksize}, this layer {self.kernel_size}")
+        if self.dilation != datas.dilation:
+            raise ValueError(f"subm layers sharing indice_key {key!r} must have the same dilation: stored "
+                             f"{datas.dilation}, this layer {self.dilation}")
+        if inp.spatial_shape != datas.spatial_shape:
+            raise ValueError(f"subm layers sharing indice_key {key!r} must see the same spatial_shape: stored "
+                             f"{datas.spatial_shape}, input {inp.spatial_shape}")
+        check_equal(inp.indices.shape[0], datas.indices.shape[0],
+                    f"subm layers sharing indice_key {key!r} must see the same voxels (voxel count)")
+
+    def _check_inverse_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
+        key = self.indice_key
+        if self.kernel_size != datas.ksize:
+            raise ValueError(f"inverse conv with indice_key {key!r} must have the kernel_size of the conv it "
+                             f"inverts: expected {datas.ksize}, this layer {self.kernel_size}")
+        if inp.spatial_shape != datas.out_spatial_shape:
+            raise ValueError(f"inverse conv with indice_key {key!r} expects spatial_shape "
+                             f"{datas.out_spatial_shape} (the inverted conv's output), input {inp.spatial_shape}")
+        check_equal(inp.indices.shape[0], datas.out_indices.shape[0],
+                    f"inverse conv with indice_key {key!r} expects the voxels of the inverted conv's output "
+                    "(voxel count)")
+
+
+class SparseConvolution(SparseConvolutionBase, SparseConvForward, SparseModule):
     __constants__ = ["stride", "padding", "dilation", "groups", "bias", "subm", "inverse", "transposed",
                      "output_padding"]
 
@@ -175,121 +347,8 @@ class SparseConvolution(SparseConvolutionBase, SparseModule):
             s += f", act=Activation.{self._act}"
         return s
 
-    def _out_spatial_shape(self, spatial_shape: List[int]) -> List[int]:
-        if self.subm or self.inverse:  # an inverse conv takes its shape from the stored map
-            return list(spatial_shape)
-        if self.transposed:
-            return ops.get_deconv_output_size(spatial_shape, self.kernel_size, self.stride, self.padding,
-                                              self.dilation, self.output_padding)
-        return ops.get_conv_output_size(spatial_shape, self.kernel_size, self.stride, self.padding, self.dilation)
-
-    def _finish(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        if bias is not None:
-            x = x + bias
-        return apply_activation(x, self._act, self.act_alpha)
-
     def forward(self, input: SparseConvTensor) -> SparseConvTensor:
-        if not isinstance(input, SparseConvTensor):
-            raise TypeError(f"{type(self).__name__} expects a SparseConvTensor, got {type(input).__name__}")
-        features = input.features
-        if features.shape[1] != self.in_channels:
-            raise ValueError(f"channel size mismatch: {type(self).__name__} expects {self.in_channels} input "
-                             f"channels, features have {features.shape[1]}")
-        if len(input.spatial_shape) != self.ndim:
-            raise ValueError(f"{type(self).__name__} is {self.ndim}-D but the input's spatial_shape is "
-                             f"{input.spatial_shape}")
-        weight, bias = self.weight, self.bias
-        device_type = features.device.type
-        if torch.is_autocast_enabled(device_type):
-            # spconv 2.x casts conv inputs to the autocast dtype (FP16 on GPU); on CPU that dtype is BF16.
-            dtype = torch.get_autocast_dtype(device_type)
-            features, weight = features.to(dtype), weight.to(dtype)
-            bias = None if bias is None else bias.to(dtype)
-        elif weight.dtype != features.dtype:
-            raise TypeError(f"features dtype {features.dtype} differs from the weight dtype {weight.dtype}")
-        spatial_shape = input.spatial_shape
-        out_spatial_shape = self._out_spatial_shape(spatial_shape)
-
-        # A kernel-volume-1 inverse conv still restores the coordinates stored under its key (spconv 2.x would
-        # return the downsampled ones), reading its weight like any other inverse conv.
-        restore = self.inverse and input.find_indice_pair(self.indice_key) is not None
-        if self.conv1x1 and not restore and self.groups != 1:
-            out = _grouped.conv1x1_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups))
-            return input.with_structure(self._finish(out, bias), input.indices, out_spatial_shape,
-                                        input.indice_dict)
-        if self.conv1x1 and not restore:
-            out = torch.mm(features, weight.view(self.in_channels, self.out_channels))
-            return input.with_structure(self._finish(out, bias), input.indices, out_spatial_shape,
-                                        input.indice_dict)
-
-        indice_dict = input.indice_dict.copy()
-        datas = input.find_indice_pair(self.indice_key)
-        if self.inverse:
-            if self.indice_key is None:
-                raise ValueError(f"{type(self).__name__} needs the indice_key of the conv it inverts")
-            if datas is None:
-                raise ValueError(f"{type(self).__name__}: no kernel map stored under indice_key "
-                                 f"{self.indice_key!r}; run the SparseConv/SparseMaxPool with that key first")
-            if datas.is_subm:
-                raise ValueError(f"indice_key {self.indice_key!r} holds a submanifold conv's map; an inverse conv "
-                                 "undoes a regular conv or a max-pool")
-            self._check_inverse_reuse_valid(input, datas)
-            outids = datas.indices
-            maps = datas.maps.reversed()
-            out_spatial_shape = datas.spatial_shape
-        elif datas is not None:
-            if not (self.subm and datas.is_subm):
-                raise ValueError(f"indice_key {self.indice_key!r} already exists in this tensor; only submanifold "
-                                 "convs at the same resolution may share a key")
-            self._check_subm_reuse_valid(input, datas)
-            outids = datas.out_indices
-            maps = datas.maps
-        else:
-            if constants.SPCONV_CHECK_DUPLICATES and not self.subm:  # subm checks in the kernel-map builder
-                check_unique_indices(input.indices)
-            outids, maps = ops.build_kernel_map(input.indices, input.batch_size, spatial_shape, out_spatial_shape,
-                                                self.kernel_size, self.stride, self.padding, self.dilation,
-                                                self.subm, self.transposed)
-            if self.indice_key is not None:
-                indice_dict[self.indice_key] = IndiceData(
-                    outids, input.indices, maps, spatial_shape, out_spatial_shape, is_subm=self.subm,
-                    algo=self.algo, ksize=self.kernel_size, stride=self.stride, dilation=self.dilation,
-                    padding=self.padding)
-        counter = self.get_max_num_voxels()
-        if counter is not None:  # spconv 2.x records in training and inference alike
-            ops.maximum_value_int_(counter, outids.shape[0])
-        if self.groups != 1:
-            out = _grouped.conv_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups), maps,
-                                        outids.shape[0])
-        else:
-            out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
-        return input.with_structure(self._finish(out, bias), outids, out_spatial_shape, indice_dict)
-
-    def _check_subm_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
-        key = self.indice_key
-        if self.kernel_size != datas.ksize:
-            raise ValueError(f"subm layers sharing indice_key {key!r} must have the same kernel_size: stored "
-                             f"{datas.ksize}, this layer {self.kernel_size}")
-        if self.dilation != datas.dilation:
-            raise ValueError(f"subm layers sharing indice_key {key!r} must have the same dilation: stored "
-                             f"{datas.dilation}, this layer {self.dilation}")
-        if inp.spatial_shape != datas.spatial_shape:
-            raise ValueError(f"subm layers sharing indice_key {key!r} must see the same spatial_shape: stored "
-                             f"{datas.spatial_shape}, input {inp.spatial_shape}")
-        check_equal(inp.indices.shape[0], datas.indices.shape[0],
-                    f"subm layers sharing indice_key {key!r} must see the same voxels (voxel count)")
-
-    def _check_inverse_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
-        key = self.indice_key
-        if self.kernel_size != datas.ksize:
-            raise ValueError(f"inverse conv with indice_key {key!r} must have the kernel_size of the conv it "
-                             f"inverts: expected {datas.ksize}, this layer {self.kernel_size}")
-        if inp.spatial_shape != datas.out_spatial_shape:
-            raise ValueError(f"inverse conv with indice_key {key!r} expects spatial_shape "
-                             f"{datas.out_spatial_shape} (the inverted conv's output), input {inp.spatial_shape}")
-        check_equal(inp.indices.shape[0], datas.out_indices.shape[0],
-                    f"inverse conv with indice_key {key!r} expects the voxels of the inverted conv's output "
-                    "(voxel count)")
+        return self._conv_forward(self.training, input, self.weight, self.bias)
 
 
 # The Nd classes take spconv 2.3.8's arguments in its order, with its defaults, so a positional call means what it
@@ -413,3 +472,11 @@ class SparseInverseConv3d(_SparseInverseConvNd):
 
 class SparseInverseConv4d(_SparseInverseConvNd):
     _NDIM = 4
+
+
+# Every concrete conv class (spconv 2.x: the quantization passes match on these types).
+DEFAULT_SPARSE_CONV_TYPES = {
+    SubMConv1d, SubMConv2d, SubMConv3d, SubMConv4d, SparseConv1d, SparseConv2d, SparseConv3d, SparseConv4d,
+    SparseInverseConv1d, SparseInverseConv2d, SparseInverseConv3d, SparseInverseConv4d,
+    SparseConvTranspose1d, SparseConvTranspose2d, SparseConvTranspose3d, SparseConvTranspose4d,
+}

@@ -4,6 +4,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import torch
+import torch.fx
 
 from spconv.core import ConvAlgo
 from spconv.pytorch._symsize import as_size, check_equal, surely_zero
@@ -190,8 +191,23 @@ def check_unique_indices(indices: torch.Tensor):
                          "needs unique coordinates (spconv.constants.SPCONV_CHECK_DUPLICATES is on)")
 
 
-class SparseConvTensor:
-    """Sparse features ``[N, C]`` at int32 ``indices [N, 1 + ndim]`` (batch first) on a grid ``spatial_shape``."""
+class _TraceableMeta(type):
+    """Constructed from ``torch.fx`` proxies, the class records one graph node instead of running ``__init__``
+    (torch.fx.ProxyableClassMeta's behaviour, without its query of the tracing state on every construction)."""
+
+    def __call__(cls, *args, **kwargs):
+        found = []
+        torch.fx.node.map_aggregate((args, kwargs), lambda a: found.append(a) if isinstance(a, torch.fx.Proxy) else None)
+        if found:
+            return found[0].tracer.create_proxy("call_function", cls, args, kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+class SparseConvTensor(metaclass=_TraceableMeta):
+    """Sparse features ``[N, C]`` at int32 ``indices [N, 1 + ndim]`` (batch first) on a grid ``spatial_shape``.
+
+    Constructed from ``torch.fx`` proxies (a model's ``forward`` being traced for quantization), it becomes one
+    node of the graph, as in spconv 2.x."""
 
     def __init__(self, features: torch.Tensor, indices: torch.Tensor, spatial_shape: Union[List[int], np.ndarray],
                  batch_size: int, grid: Optional[torch.Tensor] = None, voxel_num: Optional[torch.Tensor] = None,
@@ -247,7 +263,13 @@ class SparseConvTensor:
         return self._features.is_quantized
 
     def q_scale(self):
-        return self._features.q_scale() if self.is_quantized else None
+        if self.is_quantized:
+            return self._features.q_scale()
+        raise ValueError("sparse tensor must be quantized")
+
+    def dequantize(self) -> "SparseConvTensor":
+        """The float tensor of quantized features (spconv 2.x)."""
+        return self.replace_feature(self._features.dequantize())
 
     def _copy_attrs_to(self, other: "SparseConvTensor") -> "SparseConvTensor":
         other.benchmark = self.benchmark
@@ -323,6 +345,14 @@ class SparseConvTensor:
         """``[B, C, *spatial]`` (or ``[B, *spatial, C]``); inactive sites are zero."""
         shape = [self.batch_size] + self.spatial_shape + [self._features.shape[1]]
         check_indices_in_grid(self.indices, self.spatial_shape, self.batch_size)  # else rows would wrap silently
+        if self.is_quantized:  # scatter the int8 values; the dense tensor keeps the features' scale
+            from spconv.pytorch import _int8
+            res = scatter_nd(self.indices.to(self._features.device).long(), _int8.int_view(self._features), shape)
+            res = _int8.as_qint8(res, self._features.q_scale())
+            if not channels_first:
+                return res
+            ndim = len(self.spatial_shape)
+            return res.permute(0, ndim + 1, *range(1, ndim + 1)).contiguous()
         res = scatter_nd(self.indices.to(self._features.device).long(), self._features, shape)
         if not channels_first:
             return res

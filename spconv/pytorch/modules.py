@@ -1,4 +1,5 @@
 """Module base classes and the sparse container (spconv 2.x: ``spconv.pytorch.modules``)."""
+import time
 from collections import OrderedDict
 from typing import Optional
 
@@ -237,4 +238,31 @@ class RemoveGrid(SparseModule):
 
     def forward(self, x: SparseConvTensor) -> SparseConvTensor:
         x.grid = None
+        return x
+
+
+class PrintTensorMeta(nn.Module):
+    """Prints min, max and mean of a tensor's (or a SparseConvTensor's) features; returns the input (debugging)."""
+
+    def forward(self, x):
+        t = x.features if isinstance(x, SparseConvTensor) else x
+        if t.is_quantized:
+            t = t.dequantize()
+        print(t.min(), t.max(), t.float().mean())
+        return x
+
+
+class PrintCurrentTime(nn.Module):
+    """Prints the seconds since construction (or the last ``reset``), after the device finishes; returns x."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_time = time.time()
+
+    def forward(self, x, msg: str = "", reset: bool = False):
+        if reset:
+            self.first_time = time.time()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        print(msg, time.time() - self.first_time)
         return x

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from spconv.core import ConvAlgo
-from spconv.pytorch import _checkpoint, ops
+from spconv.pytorch import _checkpoint, _int8, ops
 from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
 # ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
 from spconv.pytorch.core import ImplicitGemmIndiceData, IndiceData, SparseConvTensor, expand_nd  # noqa: F401
@@ -120,6 +120,8 @@ class SparseMaxPool(_SparsePoolBase):
     """Max pool: ``max(0, max of the window's active inputs)`` (spconv's semantics, see the module docstring)."""
 
     def _pool_features(self, features, maps, num_out):
+        if features.is_quantized:  # integer max on the int8 values, the input's scale kept (shared observer)
+            return _int8.maxpool(features, maps, num_out)
         return ops.indice_maxpool_native(features, maps, num_out)
 
 
@@ -137,6 +139,9 @@ class SparseAvgPool(_SparsePoolBase):
         self.algo = ConvAlgo.MaskImplicitGemm
 
     def _pool_features(self, features, maps, num_out):
+        if features.is_quantized:
+            raise NotImplementedError(f"{type(self).__name__}: int8 average pooling is not supported (as in spconv "
+                                      "2.x); leave this layer in float (qconfig None)")
         return ops.indice_avgpool_native(features, maps, num_out)[0]
 
 

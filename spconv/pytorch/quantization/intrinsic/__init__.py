@@ -1,0 +1,1 @@
+from .modules import SpconvAddReLUNd, SpconvBnAddReLUNd, SpconvBnNd, SpconvBnReLUNd, SpconvReLUNd  # noqa: F401

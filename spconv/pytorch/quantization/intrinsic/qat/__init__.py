@@ -1,0 +1,2 @@
+from .modules import (SparseConv, SparseConvAddReLU, SparseConvBn, SparseConvBnAddReLU,  # noqa: F401
+                      SparseConvBnReLU, SparseConvReLU)

@@ -1,0 +1,1 @@
+from .conv_relu import LinearPerChannelWeightReLU, SparseConvAddReLU, SparseConvReLU  # noqa: F401

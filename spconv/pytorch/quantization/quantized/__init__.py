@@ -1,0 +1,1 @@
+from .conv import LinearPerChannelWeight, SparseConv  # noqa: F401
