@@ -268,8 +268,8 @@ class SparseConvTensor(metaclass=_TraceableMeta):
         raise ValueError("sparse tensor must be quantized")
 
     def dequantize(self) -> "SparseConvTensor":
-        """The float tensor of quantized features (spconv 2.x)."""
-        return self.replace_feature(self._features.dequantize())
+        """The float tensor of quantized features (spconv 2.x); a float tensor is returned as it is."""
+        return self.replace_feature(self._features.dequantize()) if self.is_quantized else self
 
     def _copy_attrs_to(self, other: "SparseConvTensor") -> "SparseConvTensor":
         other.benchmark = self.benchmark
