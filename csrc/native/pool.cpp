@@ -222,6 +222,9 @@ void avgpool_backward(const T* dout, const int32_t* count, int64_t channels, int
 SPCONV_INSTANTIATE_POOL(float)
 SPCONV_INSTANTIATE_POOL(double)
 #undef SPCONV_INSTANTIATE_POOL
+// int8 inference: the forward max only (exact; x != x is never true, so max_into is a plain max).
+template void maxpool_forward<int8_t>(const int8_t*, int64_t, int64_t, const int32_t*, const int32_t*,
+                                      const int64_t*, int64_t, int8_t*);
 
 }  // namespace native
 }  // namespace spconv

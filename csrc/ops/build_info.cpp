@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "../native/int8_conv.h"
 #include "../native/simd.h"
 
 #include "../../spconv/include/spconv/ops.h"  // the public header ships inside the Python package
@@ -26,6 +27,7 @@ std::string build_info_json() {
     << ", \"compiler\": \"" << __VERSION__ << "\""
     << ", \"torch_version\": \"" SPCONV_TORCH_VERSION "\""
     << ", \"cpu_isa\": \"" << native::cpu_isa_name() << "\""  // what the CPU kernels pick on this machine
+    << ", \"int8_cpu_path\": \"" << native::int8_path_name(native::int8_conv_path()) << "\""  // quantized_conv's
 #ifdef _OPENMP
     << ", \"openmp\": " << _OPENMP
 #endif

@@ -229,8 +229,12 @@ void check_conv_backward_args(const at::Tensor& features, const at::Tensor& filt
 }
 
 void check_pool_args(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
-                     const at::Tensor& pair_offsets, int64_t num_out) {
-  check_features(features, "features");
+                     const at::Tensor& pair_offsets, int64_t num_out, bool allow_int8) {
+  if (allow_int8 && features.scalar_type() == at::kChar) {
+    TORCH_CHECK_VALUE(features.dim() == 2, "features must be 2-D [N, C], got ", features.sizes());
+  } else {
+    check_features(features, "features");
+  }
   check_pairs(pair_in, pair_out, pair_offsets, features);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
 }
@@ -243,6 +247,9 @@ static void check_same_device(const at::Tensor& t, const at::Tensor& ref, const 
 void check_maxpool_backward_args(const at::Tensor& features, const at::Tensor& out_features,
                                  const at::Tensor& out_grad, const at::Tensor& pair_in, const at::Tensor& pair_out,
                                  const at::Tensor& pair_offsets) {
+  for (const at::Tensor* t : {&features, &out_features, &out_grad})
+    TORCH_CHECK_TYPE(t->scalar_type() != at::kChar,
+                     "int8 max pooling is inference only: indice_maxpool_backward takes floating features");
   check_features(features, "features");
   check_features(out_features, "out_features");
   check_features(out_grad, "out_grad");

@@ -85,8 +85,9 @@ ConvGeometry check_indice_pairs_args(const at::Tensor& indices, at::IntArrayRef 
                                      at::IntArrayRef padding, at::IntArrayRef dilation, bool subm);
 
 // Pooling ops (CPU and GPU glue): features, pairs, sizes, dtypes and devices, before the pair rows are read.
+// allow_int8: a glue whose max pool forward takes int8 features (exact; no backward) says so.
 void check_pool_args(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
-                     const at::Tensor& pair_offsets, int64_t num_out);
+                     const at::Tensor& pair_offsets, int64_t num_out, bool allow_int8 = false);
 void check_maxpool_backward_args(const at::Tensor& features, const at::Tensor& out_features,
                                  const at::Tensor& out_grad, const at::Tensor& pair_in, const at::Tensor& pair_out,
                                  const at::Tensor& pair_offsets);

@@ -1,5 +1,6 @@
 // CPU implementation of sparse max/avg pooling over a kernel map (native route).
-// FP16/BF16 are computed in FP32 (exact for max) and returned in their dtype.
+// FP16/BF16 are computed in FP32 (exact for max) and returned in their dtype; the max pool forward also takes
+// int8 features, pooled as int8 (inference).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -19,20 +20,23 @@ struct PoolOperands {
 };
 
 PoolOperands pool_operands(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
-                           const at::Tensor& pair_offsets, int64_t num_out, const std::optional<at::Tensor>& map_info) {
-  check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
+                           const at::Tensor& pair_offsets, int64_t num_out, const std::optional<at::Tensor>& map_info,
+                           bool allow_int8 = false) {
+  check_pool_args(features, pair_in, pair_out, pair_offsets, num_out, allow_int8);
   PoolOperands o{pair_in.contiguous(), pair_out.contiguous(), pair_offsets.contiguous(), {}, {}};
   check_pair_rows(o.pin, o.pout, o.po, features.size(0), num_out, map_info);
-  o.x = features.to(compute_type(features.scalar_type())).contiguous();
+  const auto t = features.scalar_type();
+  o.x = (t == at::kChar ? features : features.to(compute_type(t))).contiguous();
   o.out = at::zeros({num_out, features.size(1)}, o.x.options());
   return o;
 }
 
 at::Tensor indice_maxpool_cpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
                               const at::Tensor& pair_offsets, int64_t num_out, const std::optional<at::Tensor>& map_info) {
-  auto [pin, pout, po, x, out] = pool_operands(features, pair_in, pair_out, pair_offsets, num_out, map_info);
+  auto [pin, pout, po, x, out] =
+      pool_operands(features, pair_in, pair_out, pair_offsets, num_out, map_info, /*allow_int8=*/true);
   const auto ct = x.scalar_type();
-  AT_DISPATCH_FLOATING_TYPES(ct, "indice_maxpool", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kChar, ct, "indice_maxpool", [&] {
     native::maxpool_forward<scalar_t>(x.const_data_ptr<scalar_t>(), x.size(1), num_out,
                                       pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
                                       po.const_data_ptr<int64_t>(), po.size(0) - 1, out.mutable_data_ptr<scalar_t>());

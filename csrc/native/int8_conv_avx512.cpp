@@ -1,0 +1,180 @@
+// The AVX-512 VNNI body of the int8 convolution. vpdpbusd multiplies unsigned by signed bytes, four per int32
+// lane, without intermediate saturation: the weights become the unsigned operand (w + 128, packed per offset
+// as [cin/4][cout][4], so lane c of a vector holds w[i..i+3, c]) and each input row broadcasts its signed
+// bytes x[i..i+3]. The sum then carries 128 * sum_i x[i] per present input row, subtracted before the
+// epilogue. Lanes wrap modulo 2^32, and the true sum fits in int32 (the glue bounds the products), so the
+// difference is exact even where the biased sum overflows.
+#include "int8_conv.h"
+
+#include "simd.h"
+
+#if SPCONV_HAVE_AVX2_PATH
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "int8_conv_common.h"
+
+namespace spconv {
+namespace native {
+
+namespace {
+using namespace int8;
+
+#define SPCONV_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+
+constexpr int kLanes = 16;
+// Rows per register tile for NV vectors of 16 output channels: rows x NV accumulators, NV weight vectors and
+// a broadcast fit the 32 registers.
+constexpr int max_rows(int nv) { return nv == 4 ? 6 : nv == 3 ? 8 : nv == 2 ? 12 : 16; }
+
+// Weights as described above: [kvol][groups][cout_p][4] bytes, zero past cin (the input's padding is zero
+// too) and past cout.
+struct PackedWeights {
+  int64_t groups, cout_p;
+  Aligned<uint8_t> w;
+  explicit PackedWeights(const Int8Conv& a)
+      : groups((a.cin + 3) / 4), cout_p(round_up(a.cout, kLanes)), w(a.kvol * groups * cout_p * 4) {
+    uint8_t* p = w.get();
+    for (int64_t k = 0; k < a.kvol; ++k)
+      for (int64_t i = 0; i < a.cin; ++i) {
+        const int8_t* src = a.w + (k * a.cin + i) * a.cout;
+        uint8_t* dst = p + ((k * groups + i / 4) * cout_p) * 4 + i % 4;
+        for (int64_t c = 0; c < a.cout; ++c) dst[c * 4] = static_cast<uint8_t>(src[c] + 128);
+      }
+  }
+  const uint8_t* offset(int64_t k) const { return w.get() + k * groups * cout_p * 4; }
+};
+
+// rows x (16 * NV) outputs: acc rows row[0..R) at channel c0 (acc and w already offset), summed over all groups.
+template <int NV, int R>
+SPCONV_TARGET_VNNI void tile(const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
+                             int64_t wstride, int32_t* acc, int64_t astride) {
+  __m512i s[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) s[r][v] = _mm512_load_si512(acc + row[r] * astride + kLanes * v);
+  for (int64_t g = 0; g < groups; ++g, w += wstride) {
+    __m512i b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = _mm512_load_si512(w + 64 * v);
+    for (int r = 0; r < R; ++r) {
+      int32_t q;
+      std::memcpy(&q, xr[r] + 4 * g, 4);
+      const __m512i xb = _mm512_set1_epi32(q);
+      for (int v = 0; v < NV; ++v) s[r][v] = _mm512_dpbusd_epi32(s[r][v], b[v], xb);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) _mm512_store_si512(acc + row[r] * astride + kLanes * v, s[r][v]);
+}
+
+// The last n < max_rows(NV) rows of a column, in one tile of exactly n rows.
+template <int NV, int R>
+SPCONV_TARGET_VNNI void tail(int n, const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
+                             int64_t wstride, int32_t* acc, int64_t astride) {
+  if constexpr (R >= 1) {
+    if (n == R) tile<NV, R>(xr, row, w, groups, wstride, acc, astride);
+    else tail<NV, R - 1>(n, xr, row, w, groups, wstride, acc, astride);
+  }
+}
+
+// The n present rows of one column (their input rows at xr).
+template <int NV>
+SPCONV_TARGET_VNNI void column(int n, const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
+                               int64_t wstride, int32_t* acc, int64_t astride) {
+  constexpr int R = max_rows(NV);
+  int p = 0;
+  for (; p + R <= n; p += R) tile<NV, R>(xr + p, row + p, w, groups, wstride, acc, astride);
+  tail<NV, R - 1>(n - p, xr + p, row + p, w, groups, wstride, acc, astride);
+}
+
+SPCONV_TARGET_VNNI inline __m512 keep(__m512 v) {
+  asm("" : "+v"(v));
+  return v;
+}
+
+// Output row o from its biased sums s (cout_p lanes) and byte-sum correction.
+SPCONV_TARGET_VNNI void epilogue_row(const Int8Conv& a, int64_t o, const int32_t* s, int32_t corr) {
+  const __m512i bias128 = _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(corr) * 128u));
+  const __m512 rs = _mm512_set1_ps(a.residual_scale), alpha = _mm512_set1_ps(a.alpha), zero = _mm512_setzero_ps();
+  const __m512 lo = _mm512_set1_ps(-128.f), hi = _mm512_set1_ps(127.f);
+  int8_t* dst = a.out + o * a.cout;
+  for (int64_t c = 0; c < a.cout; c += kLanes) {
+    const __mmask16 m = a.cout - c >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (a.cout - c)) - 1);
+    const __m512i acc = _mm512_sub_epi32(_mm512_load_si512(s + c), bias128);
+    __m512 v = keep(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_maskz_loadu_ps(m, a.scale + c)));
+    if (a.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, a.bias + c));
+    if (a.residual) {
+      const __m512i r = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, a.residual + o * a.cout + c));
+      v = _mm512_add_ps(v, keep(_mm512_mul_ps(_mm512_cvtepi32_ps(r), rs)));
+    }
+    if (a.activation == 1) {
+      v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), zero);
+    } else if (a.activation == 2) {
+      v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), keep(_mm512_mul_ps(v, alpha)));
+    }
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    v = _mm512_mask_mov_ps(v, nan, zero);
+    _mm512_mask_cvtsepi32_storeu_epi8(dst + c, m, _mm512_cvtps_epi32(v));
+  }
+}
+
+// Byte sums of the input rows (x already padded to groups * 4 bytes a row).
+SPCONV_TARGET_VNNI void row_sums(const int8_t* x, int64_t rows, int64_t stride, int32_t* out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const int8_t* r = x + i * stride;
+    int32_t s = 0;
+    for (int64_t c = 0; c < stride; ++c) s += r[c];
+    out[i] = s;
+  }
+}
+}  // namespace
+
+bool int8_conv_avx512_vnni(const Int8Conv& a) {
+  const PackedWeights pw(a);
+  const int64_t groups = pw.groups, cout_p = pw.cout_p, stride = groups * 4;
+  // Inputs whose rows aren't whole groups of 4 bytes get a zero-padded copy.
+  std::unique_ptr<Aligned<int8_t>> padded;
+  const int8_t* x = a.x;
+  if (stride != a.cin && a.num_in > 0) {
+    padded = std::make_unique<Aligned<int8_t>>(a.num_in * stride);
+    for (int64_t i = 0; i < a.num_in; ++i) std::memcpy(padded->get() + i * stride, a.x + i * a.cin, a.cin);
+    x = padded->get();
+  }
+  Aligned<int32_t> sums(a.num_in);
+  at::parallel_for(0, a.num_in, 16384, [&](int64_t i0, int64_t i1) {
+    row_sums(x + i0 * stride, i1 - i0, stride, sums.get() + i0);
+  });
+  const int32_t* rowsum = sums.get();
+  return for_each_block(a, [&] {
+    return [&, acc = Aligned<int32_t>(kBlockRows * cout_p), corr = Aligned<int32_t>(kBlockRows),
+            col = std::make_unique<BlockColumn>(),
+            xr = std::make_unique<const int8_t*[]>(kBlockRows)](int64_t b, bool& bad) {
+      const int64_t o0 = b * kBlockRows, rows = std::min(kBlockRows, a.num_out - o0);
+      std::fill_n(acc.get(), rows * cout_p, 0);
+      std::fill_n(corr.get(), rows, 0);
+      for (int64_t j = 0; j < a.cols; ++j) {
+        gather_column(a, o0, rows, j, rowsum, corr.get(), *col, bad);
+        if (col->n == 0) continue;
+        for (int p = 0; p < col->n; ++p) xr[p] = x + static_cast<int64_t>(col->in[p]) * stride;
+        const uint8_t* wk = pw.offset(j % a.kvol);
+        for (int64_t c0 = 0; c0 < cout_p; c0 += 4 * kLanes) {
+          const uint8_t* w = wk + c0 * 4;
+          int32_t* s = acc.get() + c0;
+          switch (std::min<int64_t>(4, (cout_p - c0) / kLanes)) {
+            case 4: column<4>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
+            case 3: column<3>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
+            case 2: column<2>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
+            default: column<1>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) epilogue_row(a, o0 + r, acc.get() + r * cout_p, corr.get()[r]);
+    };
+  });
+}
+
+}  // namespace native
+}  // namespace spconv
+#endif
