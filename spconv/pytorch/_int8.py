@@ -51,6 +51,17 @@ def quantized_weight_filters(qweight: torch.Tensor) -> torch.Tensor:
     return w.reshape(cout, -1, cin).permute(1, 2, 0).contiguous()
 
 
+def reinterpreted_1x1(qweight: torch.Tensor):
+    """A kernel-volume-1 conv computes ``features @ weight.view(Cin, Cout)`` (spconv 2.x's reinterpretation of
+    the stored ``[Cout, 1.., Cin]`` weight, not its transpose), so its per-channel scales don't fit the columns
+    of that matrix: requantize it per column. Returns (filters int8 [1, Cin, Cout], float32 [Cout] scales)."""
+    cout, cin = qweight.shape[0], qweight.shape[-1]
+    w = qweight.dequantize().reshape(cin, cout)
+    scale = (w.abs().amax(0) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.clamp(torch.round(w / scale), -127, 127).to(torch.int8)
+    return q.view(1, cin, cout).contiguous(), scale.float()
+
+
 def weight_scales(qweight: torch.Tensor) -> torch.Tensor:
     """float32 [Cout] scales of a quantized weight (per channel, or one per tensor)."""
     if qweight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):

@@ -195,7 +195,7 @@ class SparseConvForward:
         if self.conv1x1 and not restore:
             if int8:
                 out = self._int8_conv(features, weight, _int8.identity_table(features.shape[0], features.device),
-                                      channel_scale, bias, output_scale, add_input, act, alpha, None)
+                                      channel_scale, bias, output_scale, add_input, act, alpha, None, True)
             elif self.groups != 1:
                 out = _grouped.conv1x1_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups))
                 out = self._finish(out, bias, add_input, act, alpha)
@@ -253,11 +253,18 @@ class SparseConvForward:
         return input.with_structure(out, outids, out_spatial_shape, indice_dict)
 
     def _int8_conv(self, features, qweight, nbr, channel_scale, bias, output_scale, add_input, act, alpha,
-                   map_info) -> torch.Tensor:
+                   map_info, plain_1x1: bool = False) -> torch.Tensor:
         cached = getattr(self, "_int8_filters_cache", None)
         if cached is None or cached[0] is not qweight:  # the int8 [kvol, Cin, Cout] filters, once per weight
-            cached = (qweight, _int8.quantized_weight_filters(qweight).to(features.device))
+            if plain_1x1:
+                filters, scales = _int8.reinterpreted_1x1(qweight)
+                cached = (qweight, filters.to(features.device), (scales / _int8.weight_scales(qweight)).to(
+                    features.device))
+            else:
+                cached = (qweight, _int8.quantized_weight_filters(qweight).to(features.device), None)
             self._int8_filters_cache = cached
+        if cached[2] is not None:  # the 1x1 matrix's own column scales replace the stored weight's
+            channel_scale = channel_scale.to(features.device) * cached[2]
         residual = None if add_input is None else add_input.features
         return _int8.conv(features, cached[1], nbr, channel_scale, bias, output_scale, residual, act, alpha,
                           map_info)
