@@ -137,6 +137,8 @@ class SparseConvForward:
     """The convolution body shared by the float convs and the int8 ones (``quantization.quantized``), which keep
     their weight elsewhere: geometry from SparseConvolutionBase, kernel maps from the input's indice_dict."""
 
+    takes_sparse_tensor = True  # SparseSequential hands it the SparseConvTensor (is_spconv_module)
+
     def _out_spatial_shape(self, spatial_shape: List[int]) -> List[int]:
         if self.subm or self.inverse:  # an inverse conv takes its shape from the stored map
             return list(spatial_shape)

@@ -48,7 +48,8 @@ def apply_dense(module: nn.Module, features: torch.Tensor) -> torch.Tensor:
 
 def is_spconv_module(module: nn.Module) -> bool:
     """Modules that take the SparseConvTensor itself inside SparseSequential (dense ones get ``.features``)."""
-    return isinstance(module, (SparseModule, SparseBatchNorm, SparseSyncBatchNorm, SparseReLU, SparseIdentity))
+    return (isinstance(module, (SparseModule, SparseBatchNorm, SparseSyncBatchNorm, SparseReLU, SparseIdentity))
+            or getattr(module, "takes_sparse_tensor", False))
 
 
 def is_sparse_conv(module: nn.Module) -> bool:

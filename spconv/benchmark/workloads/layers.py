@@ -66,7 +66,8 @@ def tasks(ctx: Context) -> List[Task]:
                 out.append(Task(f"layers {kind} C={c} N={fmt_count(n)} {route.name} {dtype_name}",
                                 functools.partial(_run_one, ctx, kind, c, n, route, route.name == chosen, dtype_name)))
     from spconv.benchmark.workloads import grouped  # groups > 1 rows, on the basic scan
-    return out + grouped.tasks(ctx)
+    from spconv.benchmark.workloads import int8  # int8 next to fp32
+    return out + grouped.tasks(ctx) + int8.tasks(ctx)
 
 
 def _run_one(ctx: Context, kind: str, c: int, n: int, route: Route, chosen: bool, dtype_name: str):

@@ -1,0 +1,109 @@
+"""``layers`` rows of int8 inference on the ``basic`` scan: a SubM 3x3x3 64->64 layer (map cached) and the
+``basic`` network's forward, int8 next to FP32 in the same run, with the int8 rate (2 * products / time) against
+the FP32 peak (torch.mm 2048^3) of the same run. The int8 modules are ``quantization.quantized.SparseConv``
+built from the float layers with scales from one FP32 pass (max |value| / 127), as a calibrated PTQ gives."""
+import functools
+from typing import List
+
+import torch
+
+import spconv.pytorch as sp
+from spconv.benchmark.flops import ConvLayer
+from spconv.benchmark.network import build_basic_net
+from spconv.benchmark.routes import Route, available_routes, chosen_route_name
+from spconv.benchmark.timing import time_fn
+from spconv.benchmark.workloads.common import Context, Task, measurement, sparse_tensor
+from spconv.pytorch import _int8
+from spconv.pytorch.quantization.quantized import SparseConv as QSparseConv
+from spconv.pytorch.quantization.utils import conv_init_args
+
+C = 64
+
+
+def tasks(ctx: Context) -> List[Task]:
+    from spconv.benchmark.workloads.basic import basic_scan
+    if "fp32" not in ctx.dtypes:
+        return []
+    chosen = chosen_route_name(ctx.device)
+    scan = functools.partial(basic_scan, ctx.data, ctx.quick, ctx.seed)
+    return [Task(f"layers int8 {route.name}", functools.partial(_run, ctx, scan, route, route.name == chosen))
+            for route in available_routes(ctx.device, with_cpu=ctx.with_cpu_route) if not route.force_native]
+
+
+def quantize_layer(conv, out_scale: float) -> QSparseConv:
+    """The int8 module of a float conv: per-channel symmetric weights, the given output scale."""
+    w = conv.weight.detach().float()
+    ws = (w.abs().reshape(w.shape[0], -1).amax(1) / 127).clamp_min(1e-12).double()
+    qw = torch.quantize_per_channel(w, ws, torch.zeros_like(ws, dtype=torch.long), 0, torch.qint8)
+    q = QSparseConv(**conv_init_args(conv), bias=conv.bias is not None, device=w.device)
+    q.set_weight_bias(qw, conv.bias)
+    q.scale = out_scale
+    return q
+
+
+def quantize_net(net, x):
+    """(int8 network, input scale): each conv's output scale from a float pass over ``x``."""
+    h = x
+    mods = []
+    with torch.no_grad():
+        in_scale = float(x.features.abs().max()) / 127
+        for m in net:
+            h = m(h)
+            if isinstance(m, sp.SparseConvolution):
+                mods.append(quantize_layer(m, max(float(h.features.abs().max()) / 127, 1e-8)))
+            else:
+                mods.append(m)
+    return sp.SparseSequential(*mods), in_scale
+
+
+def _run(ctx: Context, scan, route: Route, chosen: bool):
+    s = scan()
+    device = route.device
+    gen = torch.Generator(device="cpu").manual_seed(ctx.seed)
+    n = len(s.indices)
+    peak = ctx.mm(device, "fp32").peak_gflops()
+    # one SubM layer, map cached
+    feats = torch.randn(n, C, generator=gen).numpy()
+    torch.manual_seed(ctx.seed)
+    layer = sp.SubMConv3d(C, C, 3, bias=False, indice_key="k").to(device)
+    x = sparse_tensor(sp, feats, s.indices, s.shape, device, torch.float32)
+    with torch.no_grad():
+        y = layer(x)
+    datas = y.indice_dict["k"]
+    pairs = int(datas.indice_pair_num.sum().item())
+    info = [ConvLayer(f"subm {C}->{C}", C, C, pairs, n, n, input_grad=False)]
+    xs = float(x.features.abs().max()) / 127
+    q = quantize_layer(layer, float(y.features.abs().max()) / 127)
+    qx = x.replace_feature(torch.quantize_per_tensor(x.features, xs, 0, torch.qint8))
+    qx.indice_dict = dict(y.indice_dict)
+    with torch.no_grad():
+        q(qx)  # builds the neighbour table the map caches
+        x.indice_dict = dict(y.indice_dict)
+        fp32 = time_fn(lambda: layer(x), device, ctx.plan)
+        int8 = time_fn(lambda: q(qx), device, ctx.plan)
+    case = f"int8 subm 3x3x3 {C}->{C} N={n} cached"
+    measurement(ctx, "layers", case + " (fp32)", route, chosen, "fp32", "forward", n, info, fp32)
+    measurement(ctx, "layers", case, route, chosen, "int8", "forward", n, info, int8, with_mm=False)
+    gops = 2 * pairs * C * C / (int8.median / 1e3) / 1e9
+    path = _int8.kernel_path(torch.zeros(1, 1, dtype=torch.int8, device=device))
+    ctx.note(f"int8 ({route.name}, {path}): SubM 3x3x3 {C}->{C} N={n} map cached: fp32 {fp32.median:.2f} ms, int8 "
+             f"{int8.median:.2f} ms = {fp32.median / int8.median:.2f}x faster, {gops:.0f} GOP/s = "
+             f"{gops / peak:.2f}x the fp32 peak ({peak:.0f} GFLOP/s, torch.mm 2048^3 this run)")
+    # the basic network's forward
+    torch.manual_seed(ctx.seed)
+    net = build_basic_net(sp, s.features.shape[1]).to(device).eval()
+    xb = sparse_tensor(sp, s.features, s.indices, s.shape, device, torch.float32)
+    qnet, in_scale = quantize_net(net, xb)
+    with torch.no_grad():
+        qxb = xb.replace_feature(torch.quantize_per_tensor(xb.features, in_scale, 0, torch.qint8))
+        f32 = time_fn(lambda: net(xb), device, ctx.plan)
+        i8 = time_fn(lambda: qnet(qxb), device, ctx.plan)
+        ref = net(xb)
+        err = float((qnet(qxb).features.dequantize() - ref.features).norm() / ref.features.norm())
+    measurement(ctx, "layers", f"int8 basic network forward N={n} (fp32)", route, chosen, "fp32", "forward", n, [],
+                f32, with_mm=False)
+    measurement(ctx, "layers", f"int8 basic network forward N={n}", route, chosen, "int8", "forward", n, [], i8,
+                with_mm=False)
+    ctx.note(f"int8 ({route.name}): basic network forward N={n}: fp32 {f32.median:.1f} ms, int8 {i8.median:.1f} ms "
+             f"= {f32.median / i8.median:.2f}x faster (maps built in both); int8 vs fp32 output relative L2 "
+             f"{err:.4f}")
