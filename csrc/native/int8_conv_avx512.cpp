@@ -9,6 +9,9 @@
 #include "simd.h"
 
 #if SPCONV_HAVE_AVX2_PATH
+// GCC 12's AVX-512 intrinsics start some results from a self-initialised "undefined" vector, which
+// -Wmaybe-uninitialized reports once they are inlined here (a false positive, GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstring>
@@ -46,45 +49,84 @@ struct PackedWeights {
   const uint8_t* offset(int64_t k) const { return w.get() + k * groups * cout_p * 4; }
 };
 
-// rows x (16 * NV) outputs: acc rows row[0..R) at channel c0 (acc and w already offset), summed over all groups.
-template <int NV, int R>
+// The tiles' vector (a parameter so that a 256-bit variant could be tried: on this kind of core it ran no
+// faster per MAC).
+struct Zmm {
+  using V = __m512i;
+  static constexpr int lanes = 16;
+  SPCONV_TARGET_VNNI static V load(const void* p) { return _mm512_load_si512(p); }
+  SPCONV_TARGET_VNNI static void store(void* p, V v) { _mm512_store_si512(p, v); }
+  SPCONV_TARGET_VNNI static V dp(V s, V w, int32_t x) { return _mm512_dpbusd_epi32(s, w, _mm512_set1_epi32(x)); }
+};
+
+// rows x (lanes * NV) outputs: acc rows row[0..R) at channel c0 (acc and w already offset), summed over all
+// groups. Shaped for GCC's register allocator: flat accumulators, the broadcast inside the row loop (it folds
+// into vpdpbusd's operand); with [R][NV] arrays and one broadcast per row it spills the accumulators every group.
+template <class Vec, int NV, int R>
 SPCONV_TARGET_VNNI void tile(const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
                              int64_t wstride, int32_t* acc, int64_t astride) {
-  __m512i s[R][NV];
+  constexpr int L = Vec::lanes;
+  int32_t* dst[R];
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) dst[r] = acc + row[r] * astride, x[r] = xr[r];
+  typename Vec::V s[R * NV];
+#pragma GCC unroll 64
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) s[r][v] = _mm512_load_si512(acc + row[r] * astride + kLanes * v);
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) s[r * NV + v] = Vec::load(dst[r] + L * v);
   for (int64_t g = 0; g < groups; ++g, w += wstride) {
-    __m512i b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_load_si512(w + 64 * v);
-    for (int r = 0; r < R; ++r) {
-      int32_t q;
-      std::memcpy(&q, xr[r] + 4 * g, 4);
-      const __m512i xb = _mm512_set1_epi32(q);
-      for (int v = 0; v < NV; ++v) s[r][v] = _mm512_dpbusd_epi32(s[r][v], b[v], xb);
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) {
+      const typename Vec::V b = Vec::load(w + 4 * L * v);
+#pragma GCC unroll 64
+      for (int r = 0; r < R; ++r) {
+        int32_t q;
+        std::memcpy(&q, x[r] + 4 * g, 4);
+        s[r * NV + v] = Vec::dp(s[r * NV + v], b, q);
+      }
     }
   }
+#pragma GCC unroll 64
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_store_si512(acc + row[r] * astride + kLanes * v, s[r][v]);
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) Vec::store(dst[r] + L * v, s[r * NV + v]);
 }
 
 // The last n < max_rows(NV) rows of a column, in one tile of exactly n rows.
-template <int NV, int R>
+template <class Vec, int NV, int R>
 SPCONV_TARGET_VNNI void tail(int n, const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
                              int64_t wstride, int32_t* acc, int64_t astride) {
   if constexpr (R >= 1) {
-    if (n == R) tile<NV, R>(xr, row, w, groups, wstride, acc, astride);
-    else tail<NV, R - 1>(n, xr, row, w, groups, wstride, acc, astride);
+    if (n == R) tile<Vec, NV, R>(xr, row, w, groups, wstride, acc, astride);
+    else tail<Vec, NV, R - 1>(n, xr, row, w, groups, wstride, acc, astride);
   }
 }
 
 // The n present rows of one column (their input rows at xr).
-template <int NV>
+template <class Vec, int NV>
 SPCONV_TARGET_VNNI void column(int n, const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
                                int64_t wstride, int32_t* acc, int64_t astride) {
   constexpr int R = max_rows(NV);
   int p = 0;
-  for (; p + R <= n; p += R) tile<NV, R>(xr + p, row + p, w, groups, wstride, acc, astride);
-  tail<NV, R - 1>(n - p, xr + p, row + p, w, groups, wstride, acc, astride);
+  for (; p + R <= n; p += R) tile<Vec, NV, R>(xr + p, row + p, w, groups, wstride, acc, astride);
+  tail<Vec, NV, R - 1>(n - p, xr + p, row + p, w, groups, wstride, acc, astride);
+}
+
+// One column's products over all output channels, in passes of up to 4 vectors.
+template <class Vec>
+SPCONV_TARGET_VNNI void column_all(int n, const int8_t* const* xr, const int32_t* row, const uint8_t* wk,
+                                   int64_t groups, int64_t cout_p, int32_t* acc) {
+  constexpr int L = Vec::lanes;
+  for (int64_t c0 = 0; c0 < cout_p; c0 += 4 * L) {
+    const uint8_t* w = wk + c0 * 4;
+    int32_t* s = acc + c0;
+    switch (std::min<int64_t>(4, (cout_p - c0) / L)) {
+      case 4: column<Vec, 4>(n, xr, row, w, groups, cout_p * 4, s, cout_p); break;
+      case 3: column<Vec, 3>(n, xr, row, w, groups, cout_p * 4, s, cout_p); break;
+      case 2: column<Vec, 2>(n, xr, row, w, groups, cout_p * 4, s, cout_p); break;
+      default: column<Vec, 1>(n, xr, row, w, groups, cout_p * 4, s, cout_p); break;
+    }
+  }
 }
 
 SPCONV_TARGET_VNNI inline __m512 keep(__m512 v) {
@@ -159,16 +201,7 @@ bool int8_conv_avx512_vnni(const Int8Conv& a) {
         if (col->n == 0) continue;
         for (int p = 0; p < col->n; ++p) xr[p] = x + static_cast<int64_t>(col->in[p]) * stride;
         const uint8_t* wk = pw.offset(j % a.kvol);
-        for (int64_t c0 = 0; c0 < cout_p; c0 += 4 * kLanes) {
-          const uint8_t* w = wk + c0 * 4;
-          int32_t* s = acc.get() + c0;
-          switch (std::min<int64_t>(4, (cout_p - c0) / kLanes)) {
-            case 4: column<4>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
-            case 3: column<3>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
-            case 2: column<2>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
-            default: column<1>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
-          }
-        }
+        column_all<Zmm>(col->n, xr.get(), col->row, wk, groups, cout_p, acc.get());
       }
       for (int64_t r = 0; r < rows; ++r) epilogue_row(a, o0 + r, acc.get() + r * cout_p, corr.get()[r]);
     };
