@@ -158,18 +158,62 @@ SPCONV_TARGET_VNNI void epilogue_row(const Int8Conv& a, int64_t o, const int32_t
     v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
     v = _mm512_mask_mov_ps(v, nan, zero);
-    _mm512_mask_cvtsepi32_storeu_epi8(dst + c, m, _mm512_cvtps_epi32(v));
+    // narrowed in a register: the memory form of vpmovsdb is slow on some cores
+    _mm_mask_storeu_epi8(dst + c, m, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
   }
 }
 
-// Byte sums of the input rows (x already padded to groups * 4 bytes a row).
+// Byte sums of the input rows (x already padded to groups * 4 bytes a row), as dot products with ones.
 SPCONV_TARGET_VNNI void row_sums(const int8_t* x, int64_t rows, int64_t stride, int32_t* out) {
+  const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t i = 0; i < rows; ++i) {
     const int8_t* r = x + i * stride;
-    int32_t s = 0;
-    for (int64_t c = 0; c < stride; ++c) s += r[c];
-    out[i] = s;
+    __m512i s = _mm512_setzero_si512();
+    for (int64_t c = 0; c < stride; c += 64) {
+      const __mmask64 m = stride - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (stride - c)) - 1;
+      s = _mm512_dpbusd_epi32(s, ones, _mm512_maskz_loadu_epi8(m, r + c));
+    }
+    out[i] = _mm512_reduce_add_epi32(s);
   }
+}
+
+// The present entries of a block's rows in table columns [j0, j0 + cols), cols <= 32, listed by column
+// (output row in the block, input row address), and their inputs' byte sums added to corr. One pass over the
+// rows, visiting only the present entries (about a quarter of a SubM table); returns whether an entry lies
+// outside [-1, num_in).
+constexpr int kListColumns = 32;
+struct BlockLists {
+  int n[kListColumns];
+  int32_t row[kListColumns][kBlockRows];
+  const int8_t* x[kListColumns][kBlockRows];
+};
+
+SPCONV_TARGET_VNNI bool block_lists(const Int8Conv& a, int64_t o0, int64_t rows, int64_t j0, int cols,
+                                    const int8_t* x, int64_t stride, const int32_t* rowsum, int32_t* corr,
+                                    BlockLists& l) {
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
+  const __m512i num_in = _mm512_set1_epi32(static_cast<int32_t>(a.num_in)), none = _mm512_set1_epi32(-1);
+  std::fill_n(l.n, cols, 0);
+  __mmask16 bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* t = a.nbr + (o0 + r) * a.cols + j0;
+    const __m512i v0 = _mm512_maskz_loadu_epi32(m0, t), v1 = _mm512_maskz_loadu_epi32(m1, t + 16);
+    const __mmask16 p0 = _mm512_mask_cmplt_epu32_mask(m0, v0, num_in);  // 0 <= entry < num_in
+    const __mmask16 p1 = _mm512_mask_cmplt_epu32_mask(m1, v1, num_in);
+    bad |= _mm512_mask_cmpneq_epi32_mask(m0 & ~p0, v0, none) | _mm512_mask_cmpneq_epi32_mask(m1 & ~p1, v1, none);
+    int32_t sum = 0;
+    for (uint32_t bits = uint32_t(p0) | (uint32_t(p1) << 16); bits != 0; bits &= bits - 1) {
+      const int j = __builtin_ctz(bits);
+      const int32_t i = t[j];
+      const int k = l.n[j]++;
+      l.row[j][k] = static_cast<int32_t>(r);
+      l.x[j][k] = x + static_cast<int64_t>(i) * stride;
+      sum += rowsum[i];
+    }
+    corr[r] += sum;
+  }
+  return bad != 0;
 }
 }  // namespace
 
@@ -191,17 +235,17 @@ bool int8_conv_avx512_vnni(const Int8Conv& a) {
   const int32_t* rowsum = sums.get();
   return for_each_block(a, [&] {
     return [&, acc = Aligned<int32_t>(kBlockRows * cout_p), corr = Aligned<int32_t>(kBlockRows),
-            col = std::make_unique<BlockColumn>(),
-            xr = std::make_unique<const int8_t*[]>(kBlockRows)](int64_t b, bool& bad) {
+            lists = std::make_unique<BlockLists>()](int64_t b, bool& bad) {
       const int64_t o0 = b * kBlockRows, rows = std::min(kBlockRows, a.num_out - o0);
       std::fill_n(acc.get(), rows * cout_p, 0);
       std::fill_n(corr.get(), rows, 0);
-      for (int64_t j = 0; j < a.cols; ++j) {
-        gather_column(a, o0, rows, j, rowsum, corr.get(), *col, bad);
-        if (col->n == 0) continue;
-        for (int p = 0; p < col->n; ++p) xr[p] = x + static_cast<int64_t>(col->in[p]) * stride;
-        const uint8_t* wk = pw.offset(j % a.kvol);
-        column_all<Zmm>(col->n, xr.get(), col->row, wk, groups, cout_p, acc.get());
+      BlockLists& l = *lists;
+      for (int64_t j0 = 0; j0 < a.cols; j0 += kListColumns) {
+        const int cols = static_cast<int>(std::min<int64_t>(kListColumns, a.cols - j0));
+        bad |= block_lists(a, o0, rows, j0, cols, x, stride, rowsum, corr.get(), l);
+        for (int c = 0; c < cols; ++c)
+          if (l.n[c] > 0)
+            column_all<Zmm>(l.n[c], l.x[c], l.row[c], pw.offset((j0 + c) % a.kvol), groups, cout_p, acc.get());
       }
       for (int64_t r = 0; r < rows; ++r) epilogue_row(a, o0 + r, acc.get() + r * cout_p, corr.get()[r]);
     };

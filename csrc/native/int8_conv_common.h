@@ -16,8 +16,9 @@ namespace spconv {
 namespace native {
 namespace int8 {
 
-// Output rows per task: their int32 accumulators (rows x padded cout) stay in L1/L2 while all columns add in.
-constexpr int64_t kBlockRows = 64;
+// Output rows per task: their int32 accumulators (rows x padded cout) stay in L1/L2 while all columns add in,
+// and each column has enough present rows (about a quarter of a SubM table) for full register tiles.
+constexpr int64_t kBlockRows = 128;
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
