@@ -193,7 +193,9 @@ SPCONV_TARGET_VNNI bool block_lists(const Int8Conv& a, int64_t o0, int64_t rows,
                                     BlockLists& l) {
   const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
-  const __m512i num_in = _mm512_set1_epi32(static_cast<int32_t>(a.num_in)), none = _mm512_set1_epi32(-1);
+  // Entries are int32: with 2^31 inputs or more, every non-negative one is a row.
+  const uint32_t rows_in = static_cast<uint32_t>(std::min<int64_t>(a.num_in, int64_t(1) << 31));
+  const __m512i num_in = _mm512_set1_epi32(static_cast<int32_t>(rows_in)), none = _mm512_set1_epi32(-1);
   std::fill_n(l.n, cols, 0);
   __mmask16 bad = 0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -222,14 +224,12 @@ bool int8_conv_avx512_vnni(const Int8Conv& a) {
   const int64_t groups = pw.groups, cout_p = pw.cout_p, stride = groups * 4;
   // Inputs whose rows aren't whole groups of 4 bytes get a zero-padded copy.
   std::unique_ptr<Aligned<int8_t>> padded;
-  const int8_t* x = a.x;
-  if (stride != a.cin && a.num_in > 0) {
-    padded = std::make_unique<Aligned<int8_t>>(a.num_in * stride);
-    for (int64_t i = 0; i < a.num_in; ++i) std::memcpy(padded->get() + i * stride, a.x + i * a.cin, a.cin);
-    x = padded->get();
-  }
+  if (stride != a.cin) padded = std::make_unique<Aligned<int8_t>>(a.num_in * stride);
+  const int8_t* x = padded ? padded->get() : a.x;
   Aligned<int32_t> sums(a.num_in);
   at::parallel_for(0, a.num_in, 16384, [&](int64_t i0, int64_t i1) {
+    if (padded)
+      for (int64_t i = i0; i < i1; ++i) std::memcpy(padded->get() + i * stride, a.x + i * a.cin, a.cin);
     row_sums(x + i0 * stride, i1 - i0, stride, sums.get() + i0);
   });
   const int32_t* rowsum = sums.get();
