@@ -81,6 +81,21 @@ def test_extreme_values_at_the_int32_bound():
         OPS.quantized_conv(x, w, torch.zeros(1, 27 * 19, dtype=torch.int32), scale, None, None, 0.0, 0, 0.0)
 
 
+def _special_inputs():
+    """Scales and biases at the float edges: inf, -inf, NaN, huge, denormal (NaN outputs become 0)."""
+    x, w, nbr, _, _, res = _inputs(8, 16, 8, 1, num_in=40, num_out=30, seed=7)
+    scale = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e30, 1e-40, 0.0, -0.0, 1e-3] * 2)
+    bias = torch.tensor([0.0, 1.0, 2.0, -1e30, float("nan"), float("inf"), 0.5, -0.5] * 2)
+    return x, w, nbr, scale, bias, res
+
+
+def test_special_float_values():
+    x, w, nbr, scale, bias, res = _special_inputs()
+    for act, alpha in [(0, 0.0), (1, 0.0), (2, float("nan")), (2, -2.0)]:
+        y, ref = _both(x, w, nbr, scale, bias, res, act=act, alpha=alpha)
+        assert torch.equal(y, ref), act
+
+
 def test_empty_sizes():
     for num_in, num_out, cin, cout in [(0, 7, 16, 16), (10, 0, 16, 16), (0, 0, 3, 5), (10, 7, 0, 16),
                                        (10, 7, 16, 0)]:
@@ -139,6 +154,8 @@ out = {"path": ops.quantized_conv_path(torch.zeros(1, 1, dtype=torch.int8))}
 for i, (cin, cout, kvol, rounds) in enumerate(SHAPES):
     x, w, nbr, scale, b, res = _inputs(cin, cout, kvol, rounds, seed=100 + i)
     out[(cin, cout, kvol, rounds)] = ops.quantized_conv(x, w, nbr, scale, b, res, 0.37, i % 3, 0.1)
+from test_int8_kernels import _special_inputs
+out["special"] = ops.quantized_conv(*_special_inputs(), 0.37, 2, -2.0)
 x, w, nbr, scale, b, res = _inputs(64, 96, 27, 1, num_in=3000, num_out=2500, fill=0.3)
 for n in (1, 2):
     torch.set_num_threads(n)
@@ -176,6 +193,7 @@ def test_every_isa_body_matches_the_reference(isa, tmp_path):
         x, w, nbr, scale, b, res = _inputs(*shape, seed=100 + i)
         ref = int8_conv_reference(x, w, nbr, scale, b, res, 0.37, i % 3, 0.1)
         assert torch.equal(out[shape], ref), (isa, shape)
+    assert torch.equal(out["special"], int8_conv_reference(*_special_inputs(), 0.37, 2, -2.0))
     x, w, nbr, scale, b, res = _inputs(64, 96, 27, 1, num_in=3000, num_out=2500, fill=0.3)
     assert torch.equal(out["threads1"], out["threads2"])
     assert torch.equal(out["threads1"], int8_conv_reference(x, w, nbr, scale, b, res, 0.37, 2, 0.1))
