@@ -53,6 +53,14 @@ def test_matches_reference(cin, cout, kvol, rounds):
     assert nonzero > 0  # the scales give outputs across the int8 range, not trivially zero
 
 
+def test_many_columns():
+    """Tables much wider than the kernel volume (many rounds of duplicate rows): the columns go in chunks."""
+    for cin, kvol, rounds in [(1, 27, 150), (3, 1, 700)]:
+        x, w, nbr, scale, b, res = _inputs(cin, 5, kvol, rounds, num_in=50, num_out=40, seed=rounds)
+        y, ref = _both(x, w, nbr, scale, b, res, act=1)
+        assert torch.equal(y, ref), (cin, kvol, rounds)
+
+
 def test_epilogue_rounding_ties_and_saturation():
     """Sums that land exactly on .5 round to even; large ones saturate; LeakyReLU rounds its product."""
     x = torch.tensor([[1], [2], [3], [5], [-3], [-5], [127], [-128]], dtype=torch.int8)
