@@ -163,24 +163,11 @@ SPCONV_TARGET_VNNI void epilogue_row(const Int8Conv& a, int64_t o, const int32_t
   }
 }
 
-// Byte sums of the input rows (x already padded to groups * 4 bytes a row), as dot products with ones.
-SPCONV_TARGET_VNNI void row_sums(const int8_t* x, int64_t rows, int64_t stride, int32_t* out) {
-  const __m512i ones = _mm512_set1_epi8(1);
-  for (int64_t i = 0; i < rows; ++i) {
-    const int8_t* r = x + i * stride;
-    __m512i s = _mm512_setzero_si512();
-    for (int64_t c = 0; c < stride; c += 64) {
-      const __mmask64 m = stride - c >= 64 ? ~__mmask64(0) : (__mmask64(1) << (stride - c)) - 1;
-      s = _mm512_dpbusd_epi32(s, ones, _mm512_maskz_loadu_epi8(m, r + c));
-    }
-    out[i] = _mm512_reduce_add_epi32(s);
-  }
-}
-
 // The present entries of a block's rows in table columns [j0, j0 + cols), cols <= 32, listed by column
-// (output row in the block, input row address), and their inputs' byte sums added to corr. One pass over the
-// rows, visiting only the present entries (about a quarter of a SubM table); returns whether an entry lies
-// outside [-1, num_in).
+// (output row in the block, input row address), and the byte sums of their input rows added to corr (dot
+// products with ones, while the row is read anyway: no separate pass over the inputs, and the row is in L1 when
+// its tile reads it). One pass over the rows, visiting only the present entries (about a quarter of a SubM
+// table); returns whether an entry lies outside [-1, num_in).
 constexpr int kListColumns = 32;
 struct BlockLists {
   int n[kListColumns];
@@ -189,13 +176,15 @@ struct BlockLists {
 };
 
 SPCONV_TARGET_VNNI bool block_lists(const Int8Conv& a, int64_t o0, int64_t rows, int64_t j0, int cols,
-                                    const int8_t* x, int64_t stride, const int32_t* rowsum, int32_t* corr,
-                                    BlockLists& l) {
+                                    const int8_t* x, int64_t stride, int32_t* corr, BlockLists& l) {
   const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
   const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
   // Entries are int32: with 2^31 inputs or more, every non-negative one is a row.
   const uint32_t rows_in = static_cast<uint32_t>(std::min<int64_t>(a.num_in, int64_t(1) << 31));
   const __m512i num_in = _mm512_set1_epi32(static_cast<int32_t>(rows_in)), none = _mm512_set1_epi32(-1);
+  const __m512i ones = _mm512_set1_epi8(1);
+  const int64_t last = stride <= 64 ? 0 : (stride - 1) / 64 * 64;  // the row's last 64-byte chunk
+  const __mmask64 tail = stride - last >= 64 ? ~__mmask64(0) : (__mmask64(1) << (stride - last)) - 1;
   std::fill_n(l.n, cols, 0);
   __mmask16 bad = 0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -204,16 +193,17 @@ SPCONV_TARGET_VNNI bool block_lists(const Int8Conv& a, int64_t o0, int64_t rows,
     const __mmask16 p0 = _mm512_mask_cmplt_epu32_mask(m0, v0, num_in);  // 0 <= entry < num_in
     const __mmask16 p1 = _mm512_mask_cmplt_epu32_mask(m1, v1, num_in);
     bad |= _mm512_mask_cmpneq_epi32_mask(m0 & ~p0, v0, none) | _mm512_mask_cmpneq_epi32_mask(m1 & ~p1, v1, none);
-    int32_t sum = 0;
+    __m512i sum = _mm512_setzero_si512();
     for (uint32_t bits = uint32_t(p0) | (uint32_t(p1) << 16); bits != 0; bits &= bits - 1) {
       const int j = __builtin_ctz(bits);
-      const int32_t i = t[j];
+      const int8_t* xi = x + static_cast<int64_t>(t[j]) * stride;
       const int k = l.n[j]++;
       l.row[j][k] = static_cast<int32_t>(r);
-      l.x[j][k] = x + static_cast<int64_t>(i) * stride;
-      sum += rowsum[i];
+      l.x[j][k] = xi;
+      for (int64_t c = 0; c < last; c += 64) sum = _mm512_dpbusd_epi32(sum, ones, _mm512_loadu_si512(xi + c));
+      sum = _mm512_dpbusd_epi32(sum, ones, _mm512_maskz_loadu_epi8(tail, xi + last));
     }
-    corr[r] += sum;
+    corr[r] += _mm512_reduce_add_epi32(sum);
   }
   return bad != 0;
 }
@@ -226,13 +216,10 @@ bool int8_conv_avx512_vnni(const Int8Conv& a) {
   std::unique_ptr<Aligned<int8_t>> padded;
   if (stride != a.cin) padded = std::make_unique<Aligned<int8_t>>(a.num_in * stride);
   const int8_t* x = padded ? padded->get() : a.x;
-  Aligned<int32_t> sums(a.num_in);
-  at::parallel_for(0, a.num_in, 16384, [&](int64_t i0, int64_t i1) {
-    if (padded)
+  if (padded)
+    at::parallel_for(0, a.num_in, 16384, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) std::memcpy(padded->get() + i * stride, a.x + i * a.cin, a.cin);
-    row_sums(x + i0 * stride, i1 - i0, stride, sums.get() + i0);
-  });
-  const int32_t* rowsum = sums.get();
+    });
   return for_each_block(a, [&] {
     return [&, acc = Aligned<int32_t>(kBlockRows * cout_p), corr = Aligned<int32_t>(kBlockRows),
             lists = std::make_unique<BlockLists>()](int64_t b, bool& bad) {
@@ -242,7 +229,7 @@ bool int8_conv_avx512_vnni(const Int8Conv& a) {
       BlockLists& l = *lists;
       for (int64_t j0 = 0; j0 < a.cols; j0 += kListColumns) {
         const int cols = static_cast<int>(std::min<int64_t>(kListColumns, a.cols - j0));
-        bad |= block_lists(a, o0, rows, j0, cols, x, stride, rowsum, corr.get(), l);
+        bad |= block_lists(a, o0, rows, j0, cols, x, stride, corr.get(), l);
         for (int c = 0; c < cols; ++c)
           if (l.n[c] > 0)
             column_all<Zmm>(l.n[c], l.x[c], l.row[c], pw.offset((j0 + c) % a.kvol), groups, cout_p, acc.get());
