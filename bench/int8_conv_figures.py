@@ -3,7 +3,9 @@ int8 op (quantized_conv over the map's neighbour table) against the FP32 native 
 same map's pairs), and both against torch.mm's FP32 peak (2048^3) in the same run. The contenders run
 alternately, best of --reps each (on a shared machine the best is the least disturbed run).
 
-    python bench/int8_conv_figures.py --data lidar-voxels-125k.npz [--channels 16 32 64 128] [--reps 8]
+    python bench/int8_conv_figures.py --data lidar-voxels-125k.npz [--channels 16 32 64 128] [--reps 10]
+
+SPCONV_FUSED_CPU_GEMM=0 times the FP32 route with the vendor GEMM instead of the fused AVX-512 kernel.
 """
 import argparse
 import time

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-import spconv  # noqa: F401  (loads the op library)
+import spconv.pytorch  # noqa: F401  (loads the op library and the ops' fake kernels)
 from spconv import _backend
 from spconv.pytorch.ops import get_conv_output_size
 from _int8_reference import int8_conv_reference, random_table
@@ -277,6 +277,12 @@ def test_int8_maxpool_matches_the_float_op_and_a_direct_reference(ksize, stride,
         ref = ref.scatter_reduce(0, pout.long()[:, None].expand(-1, c), x[pin.long()], "amax", include_self=True)
         assert torch.equal(y, ref)
         assert torch.equal(y, OPS.indice_maxpool(x, pin, pout, poff, num_out, None))  # without map_info
+
+
+def test_int8_maxpool_opcheck():
+    num_in, num_out, pin, pout, poff, info = _pool_map(3, 2, 1)
+    x = torch.randint(-128, 128, (num_in, 8), dtype=torch.int8, generator=torch.Generator().manual_seed(2))
+    torch.library.opcheck(OPS.indice_maxpool.default, (x, pin, pout, poff, num_out, info))
 
 
 def test_int8_pooling_refusals():
