@@ -87,6 +87,7 @@ SPCONV_TARGET_AVX2 void column(int n, const int16_t* const* xr, const int32_t* r
   tail<NV, R - 1>(n - p, xr + p, row + p, w, pairs, wstride, acc, astride);
 }
 
+// A rounded product that no later add contracts into an FMA (as rounded() in int8_conv_common.h).
 SPCONV_TARGET_AVX2 inline __m256 keep(__m256 v) {
   asm("" : "+v"(v));
   return v;

@@ -60,8 +60,9 @@ struct Zmm {
 };
 
 // rows x (lanes * NV) outputs: acc rows row[0..R) at channel c0 (acc and w already offset), summed over all
-// groups. Shaped for GCC's register allocator: flat accumulators, the broadcast inside the row loop (it folds
-// into vpdpbusd's operand); with [R][NV] arrays and one broadcast per row it spills the accumulators every group.
+// groups. Shaped for GCC's register allocator: flat accumulators and the broadcast written inside the row loop
+// (it still loads each once per group); with [R][NV] arrays and the broadcast hoisted per row it stored the
+// accumulators to the stack every group.
 template <class Vec, int NV, int R>
 SPCONV_TARGET_VNNI void tile(const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
                              int64_t wstride, int32_t* acc, int64_t astride) {
@@ -129,6 +130,7 @@ SPCONV_TARGET_VNNI void column_all(int n, const int8_t* const* xr, const int32_t
   }
 }
 
+// A rounded product that no later add contracts into an FMA (as rounded() in int8_conv_common.h).
 SPCONV_TARGET_VNNI inline __m512 keep(__m512 v) {
   asm("" : "+v"(v));
   return v;
