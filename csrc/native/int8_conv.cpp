@@ -1,4 +1,4 @@
-// The run-time choice of the int8 convolution body, and the portable one.
+// The dispatch to the int8 convolution bodies, and the portable one.
 #include "int8_conv.h"
 
 #include "int8_conv_common.h"
@@ -6,32 +6,6 @@
 
 namespace spconv {
 namespace native {
-
-namespace {
-bool cpu_has_avx512_vnni() {
-#if SPCONV_HAVE_AVX2_PATH
-  static const bool ok = cpu_has_avx512f() && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-  return ok;
-#else
-  return false;
-#endif
-}
-}  // namespace
-
-Int8Path int8_conv_path() {
-  if (cpu_has_avx512_vnni()) return Int8Path::kAvx512Vnni;
-  if (cpu_has_avx2_fma()) return Int8Path::kAvx2;
-  return Int8Path::kGeneric;
-}
-
-const char* int8_path_name(Int8Path p) {
-  switch (p) {
-    case Int8Path::kAvx512Vnni: return "avx512_vnni";
-    case Int8Path::kAvx2: return "avx2";
-    default: return "generic";
-  }
-}
 
 bool int8_conv(const Int8Conv& a) {
   switch (int8_conv_path()) {

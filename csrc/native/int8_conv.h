@@ -6,6 +6,8 @@
 #pragma once
 #include <cstdint>
 
+#include "simd.h"
+
 namespace spconv {
 namespace native {
 
@@ -27,9 +29,21 @@ struct Int8Conv {
 
 enum class Int8Path { kGeneric = 0, kAvx2 = 1, kAvx512Vnni = 2 };
 
-// The body int8_conv runs on this CPU under the SPCONV_CPU_ISA cap.
-Int8Path int8_conv_path();
-const char* int8_path_name(Int8Path p);
+// The body int8_conv runs on this CPU under the SPCONV_CPU_ISA cap (inline: build_info reports it in every
+// build of the op glue, with or without the kernels).
+inline Int8Path int8_conv_path() {
+  if (cpu_has_avx512_vnni()) return Int8Path::kAvx512Vnni;
+  if (cpu_has_avx2_fma()) return Int8Path::kAvx2;
+  return Int8Path::kGeneric;
+}
+
+inline const char* int8_path_name(Int8Path p) {
+  switch (p) {
+    case Int8Path::kAvx512Vnni: return "avx512_vnni";
+    case Int8Path::kAvx2: return "avx2";
+    default: return "generic";
+  }
+}
 
 // Computes a.out. Returns false when nbr holds an entry outside [-1, num_in): such entries are skipped (never
 // read through) and the caller reports the error.

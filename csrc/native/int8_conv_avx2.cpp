@@ -38,26 +38,34 @@ struct PackedWeights {
   const int16_t* offset(int64_t k) const { return w.get() + k * pairs * cout_p * 2; }
 };
 
+// As the AVX-512 body's tile (int8_conv_avx512.cpp), with the same shape for the register allocator.
 template <int NV, int R>
 SPCONV_TARGET_AVX2 void tile(const int16_t* const* xr, const int32_t* row, const int16_t* w, int64_t pairs,
                              int64_t wstride, int32_t* acc, int64_t astride) {
-  __m256i s[R][NV];
+  __m256i* dst[R];
+  const int16_t* x[R];
+  for (int r = 0; r < R; ++r) dst[r] = reinterpret_cast<__m256i*>(acc + row[r] * astride), x[r] = xr[r];
+  __m256i s[R * NV];
+#pragma GCC unroll 64
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v)
-      s[r][v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc + row[r] * astride + kLanes * v));
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) s[r * NV + v] = _mm256_load_si256(dst[r] + v);
   for (int64_t g = 0; g < pairs; ++g, w += wstride) {
-    __m256i b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + 16 * v));
-    for (int r = 0; r < R; ++r) {
-      int32_t q;
-      std::memcpy(&q, xr[r] + 2 * g, 4);
-      const __m256i xb = _mm256_set1_epi32(q);
-      for (int v = 0; v < NV; ++v) s[r][v] = _mm256_add_epi32(s[r][v], _mm256_madd_epi16(b[v], xb));
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) {
+      const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + 16 * v));
+#pragma GCC unroll 64
+      for (int r = 0; r < R; ++r) {
+        int32_t q;
+        std::memcpy(&q, x[r] + 2 * g, 4);
+        s[r * NV + v] = _mm256_add_epi32(s[r * NV + v], _mm256_madd_epi16(b, _mm256_set1_epi32(q)));
+      }
     }
   }
+#pragma GCC unroll 64
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(acc + row[r] * astride + kLanes * v), s[r][v]);
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) _mm256_store_si256(dst[r] + v, s[r * NV + v]);
 }
 
 template <int NV, int R>
@@ -79,6 +87,7 @@ SPCONV_TARGET_AVX2 void column(int n, const int16_t* const* xr, const int32_t* r
   tail<NV, R - 1>(n - p, xr + p, row + p, w, pairs, wstride, acc, astride);
 }
 
+// A rounded product that no later add contracts into an FMA (as rounded() in int8_conv_common.h).
 SPCONV_TARGET_AVX2 inline __m256 keep(__m256 v) {
   asm("" : "+v"(v));
   return v;

@@ -9,6 +9,9 @@
 #include "simd.h"
 
 #if SPCONV_HAVE_AVX2_PATH
+// GCC 12's AVX-512 intrinsics start some results from a self-initialised "undefined" vector, which
+// -Wmaybe-uninitialized reports once they are inlined here (a false positive, GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <cstring>
@@ -46,47 +49,88 @@ struct PackedWeights {
   const uint8_t* offset(int64_t k) const { return w.get() + k * groups * cout_p * 4; }
 };
 
-// rows x (16 * NV) outputs: acc rows row[0..R) at channel c0 (acc and w already offset), summed over all groups.
-template <int NV, int R>
+// The tiles' vector (a parameter so that a 256-bit variant could be tried: on this kind of core it ran no
+// faster per MAC).
+struct Zmm {
+  using V = __m512i;
+  static constexpr int lanes = 16;
+  SPCONV_TARGET_VNNI static V load(const void* p) { return _mm512_load_si512(p); }
+  SPCONV_TARGET_VNNI static void store(void* p, V v) { _mm512_store_si512(p, v); }
+  SPCONV_TARGET_VNNI static V dp(V s, V w, int32_t x) { return _mm512_dpbusd_epi32(s, w, _mm512_set1_epi32(x)); }
+};
+
+// rows x (lanes * NV) outputs: acc rows row[0..R) at channel c0 (acc and w already offset), summed over all
+// groups. Shaped for GCC's register allocator: flat accumulators and the broadcast written inside the row loop
+// (it still loads each once per group); with [R][NV] arrays and the broadcast hoisted per row it stored the
+// accumulators to the stack every group.
+template <class Vec, int NV, int R>
 SPCONV_TARGET_VNNI void tile(const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
                              int64_t wstride, int32_t* acc, int64_t astride) {
-  __m512i s[R][NV];
+  constexpr int L = Vec::lanes;
+  int32_t* dst[R];
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) dst[r] = acc + row[r] * astride, x[r] = xr[r];
+  typename Vec::V s[R * NV];
+#pragma GCC unroll 64
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) s[r][v] = _mm512_load_si512(acc + row[r] * astride + kLanes * v);
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) s[r * NV + v] = Vec::load(dst[r] + L * v);
   for (int64_t g = 0; g < groups; ++g, w += wstride) {
-    __m512i b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = _mm512_load_si512(w + 64 * v);
-    for (int r = 0; r < R; ++r) {
-      int32_t q;
-      std::memcpy(&q, xr[r] + 4 * g, 4);
-      const __m512i xb = _mm512_set1_epi32(q);
-      for (int v = 0; v < NV; ++v) s[r][v] = _mm512_dpbusd_epi32(s[r][v], b[v], xb);
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) {
+      const typename Vec::V b = Vec::load(w + 4 * L * v);
+#pragma GCC unroll 64
+      for (int r = 0; r < R; ++r) {
+        int32_t q;
+        std::memcpy(&q, x[r] + 4 * g, 4);
+        s[r * NV + v] = Vec::dp(s[r * NV + v], b, q);
+      }
     }
   }
+#pragma GCC unroll 64
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) _mm512_store_si512(acc + row[r] * astride + kLanes * v, s[r][v]);
+#pragma GCC unroll 64
+    for (int v = 0; v < NV; ++v) Vec::store(dst[r] + L * v, s[r * NV + v]);
 }
 
 // The last n < max_rows(NV) rows of a column, in one tile of exactly n rows.
-template <int NV, int R>
+template <class Vec, int NV, int R>
 SPCONV_TARGET_VNNI void tail(int n, const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
                              int64_t wstride, int32_t* acc, int64_t astride) {
   if constexpr (R >= 1) {
-    if (n == R) tile<NV, R>(xr, row, w, groups, wstride, acc, astride);
-    else tail<NV, R - 1>(n, xr, row, w, groups, wstride, acc, astride);
+    if (n == R) tile<Vec, NV, R>(xr, row, w, groups, wstride, acc, astride);
+    else tail<Vec, NV, R - 1>(n, xr, row, w, groups, wstride, acc, astride);
   }
 }
 
 // The n present rows of one column (their input rows at xr).
-template <int NV>
+template <class Vec, int NV>
 SPCONV_TARGET_VNNI void column(int n, const int8_t* const* xr, const int32_t* row, const uint8_t* w, int64_t groups,
                                int64_t wstride, int32_t* acc, int64_t astride) {
   constexpr int R = max_rows(NV);
   int p = 0;
-  for (; p + R <= n; p += R) tile<NV, R>(xr + p, row + p, w, groups, wstride, acc, astride);
-  tail<NV, R - 1>(n - p, xr + p, row + p, w, groups, wstride, acc, astride);
+  for (; p + R <= n; p += R) tile<Vec, NV, R>(xr + p, row + p, w, groups, wstride, acc, astride);
+  tail<Vec, NV, R - 1>(n - p, xr + p, row + p, w, groups, wstride, acc, astride);
 }
 
+// One column's products over all output channels, in passes of up to 4 vectors.
+template <class Vec>
+SPCONV_TARGET_VNNI void column_all(int n, const int8_t* const* xr, const int32_t* row, const uint8_t* wk,
+                                   int64_t groups, int64_t cout_p, int32_t* acc) {
+  constexpr int L = Vec::lanes;
+  for (int64_t c0 = 0; c0 < cout_p; c0 += 4 * L) {
+    const uint8_t* w = wk + c0 * 4;
+    int32_t* s = acc + c0;
+    switch (std::min<int64_t>(4, (cout_p - c0) / L)) {
+      case 4: column<Vec, 4>(n, xr, row, w, groups, cout_p * 4, s, cout_p); break;
+      case 3: column<Vec, 3>(n, xr, row, w, groups, cout_p * 4, s, cout_p); break;
+      case 2: column<Vec, 2>(n, xr, row, w, groups, cout_p * 4, s, cout_p); break;
+      default: column<Vec, 1>(n, xr, row, w, groups, cout_p * 4, s, cout_p); break;
+    }
+  }
+}
+
+// A rounded product that no later add contracts into an FMA (as rounded() in int8_conv_common.h).
 SPCONV_TARGET_VNNI inline __m512 keep(__m512 v) {
   asm("" : "+v"(v));
   return v;
@@ -116,18 +160,54 @@ SPCONV_TARGET_VNNI void epilogue_row(const Int8Conv& a, int64_t o, const int32_t
     v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
     v = _mm512_mask_mov_ps(v, nan, zero);
-    _mm512_mask_cvtsepi32_storeu_epi8(dst + c, m, _mm512_cvtps_epi32(v));
+    // narrowed in a register: the memory form of vpmovsdb is slow on some cores
+    _mm_mask_storeu_epi8(dst + c, m, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
   }
 }
 
-// Byte sums of the input rows (x already padded to groups * 4 bytes a row).
-SPCONV_TARGET_VNNI void row_sums(const int8_t* x, int64_t rows, int64_t stride, int32_t* out) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const int8_t* r = x + i * stride;
-    int32_t s = 0;
-    for (int64_t c = 0; c < stride; ++c) s += r[c];
-    out[i] = s;
+// The present entries of a block's rows in table columns [j0, j0 + cols), cols <= 32, listed by column
+// (output row in the block, input row address), and the byte sums of their input rows added to corr (dot
+// products with ones, while the row is read anyway: no separate pass over the inputs, and the row is in L1 when
+// its tile reads it). One pass over the rows, visiting only the present entries (about a quarter of a SubM
+// table); returns whether an entry lies outside [-1, num_in).
+constexpr int kListColumns = 32;
+struct BlockLists {
+  int n[kListColumns];
+  int32_t row[kListColumns][kBlockRows];
+  const int8_t* x[kListColumns][kBlockRows];
+};
+
+SPCONV_TARGET_VNNI bool block_lists(const Int8Conv& a, int64_t o0, int64_t rows, int64_t j0, int cols,
+                                    const int8_t* x, int64_t stride, int32_t* corr, BlockLists& l) {
+  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
+  // Entries are int32: with 2^31 inputs or more, every non-negative one is a row.
+  const uint32_t rows_in = static_cast<uint32_t>(std::min<int64_t>(a.num_in, int64_t(1) << 31));
+  const __m512i num_in = _mm512_set1_epi32(static_cast<int32_t>(rows_in)), none = _mm512_set1_epi32(-1);
+  const __m512i ones = _mm512_set1_epi8(1);
+  const int64_t last = stride <= 64 ? 0 : (stride - 1) / 64 * 64;  // the row's last 64-byte chunk
+  const __mmask64 tail = stride - last >= 64 ? ~__mmask64(0) : (__mmask64(1) << (stride - last)) - 1;
+  std::fill_n(l.n, cols, 0);
+  __mmask16 bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t* t = a.nbr + (o0 + r) * a.cols + j0;
+    const __m512i v0 = _mm512_maskz_loadu_epi32(m0, t), v1 = _mm512_maskz_loadu_epi32(m1, t + 16);
+    const __mmask16 p0 = _mm512_mask_cmplt_epu32_mask(m0, v0, num_in);  // 0 <= entry < num_in
+    const __mmask16 p1 = _mm512_mask_cmplt_epu32_mask(m1, v1, num_in);
+    bad |= _mm512_mask_cmpneq_epi32_mask(m0 & ~p0, v0, none) | _mm512_mask_cmpneq_epi32_mask(m1 & ~p1, v1, none);
+    __m512i sum = _mm512_setzero_si512();
+    for (uint32_t bits = uint32_t(p0) | (uint32_t(p1) << 16); bits != 0; bits &= bits - 1) {
+      const int j = __builtin_ctz(bits);
+      const int8_t* xi = x + static_cast<int64_t>(t[j]) * stride;
+      const int k = l.n[j]++;
+      l.row[j][k] = static_cast<int32_t>(r);
+      l.x[j][k] = xi;
+      for (int64_t c = 0; c < last; c += 64) sum = _mm512_dpbusd_epi32(sum, ones, _mm512_loadu_si512(xi + c));
+      sum = _mm512_dpbusd_epi32(sum, ones, _mm512_maskz_loadu_epi8(tail, xi + last));
+    }
+    corr[r] += _mm512_reduce_add_epi32(sum);
   }
+  return bad != 0;
 }
 }  // namespace
 
@@ -136,39 +216,25 @@ bool int8_conv_avx512_vnni(const Int8Conv& a) {
   const int64_t groups = pw.groups, cout_p = pw.cout_p, stride = groups * 4;
   // Inputs whose rows aren't whole groups of 4 bytes get a zero-padded copy.
   std::unique_ptr<Aligned<int8_t>> padded;
-  const int8_t* x = a.x;
-  if (stride != a.cin && a.num_in > 0) {
-    padded = std::make_unique<Aligned<int8_t>>(a.num_in * stride);
-    for (int64_t i = 0; i < a.num_in; ++i) std::memcpy(padded->get() + i * stride, a.x + i * a.cin, a.cin);
-    x = padded->get();
-  }
-  Aligned<int32_t> sums(a.num_in);
-  at::parallel_for(0, a.num_in, 16384, [&](int64_t i0, int64_t i1) {
-    row_sums(x + i0 * stride, i1 - i0, stride, sums.get() + i0);
-  });
-  const int32_t* rowsum = sums.get();
+  if (stride != a.cin) padded = std::make_unique<Aligned<int8_t>>(a.num_in * stride);
+  const int8_t* x = padded ? padded->get() : a.x;
+  if (padded)
+    at::parallel_for(0, a.num_in, 16384, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) std::memcpy(padded->get() + i * stride, a.x + i * a.cin, a.cin);
+    });
   return for_each_block(a, [&] {
     return [&, acc = Aligned<int32_t>(kBlockRows * cout_p), corr = Aligned<int32_t>(kBlockRows),
-            col = std::make_unique<BlockColumn>(),
-            xr = std::make_unique<const int8_t*[]>(kBlockRows)](int64_t b, bool& bad) {
+            lists = std::make_unique<BlockLists>()](int64_t b, bool& bad) {
       const int64_t o0 = b * kBlockRows, rows = std::min(kBlockRows, a.num_out - o0);
       std::fill_n(acc.get(), rows * cout_p, 0);
       std::fill_n(corr.get(), rows, 0);
-      for (int64_t j = 0; j < a.cols; ++j) {
-        gather_column(a, o0, rows, j, rowsum, corr.get(), *col, bad);
-        if (col->n == 0) continue;
-        for (int p = 0; p < col->n; ++p) xr[p] = x + static_cast<int64_t>(col->in[p]) * stride;
-        const uint8_t* wk = pw.offset(j % a.kvol);
-        for (int64_t c0 = 0; c0 < cout_p; c0 += 4 * kLanes) {
-          const uint8_t* w = wk + c0 * 4;
-          int32_t* s = acc.get() + c0;
-          switch (std::min<int64_t>(4, (cout_p - c0) / kLanes)) {
-            case 4: column<4>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
-            case 3: column<3>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
-            case 2: column<2>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
-            default: column<1>(col->n, xr.get(), col->row, w, groups, cout_p * 4, s, cout_p); break;
-          }
-        }
+      BlockLists& l = *lists;
+      for (int64_t j0 = 0; j0 < a.cols; j0 += kListColumns) {
+        const int cols = static_cast<int>(std::min<int64_t>(kListColumns, a.cols - j0));
+        bad |= block_lists(a, o0, rows, j0, cols, x, stride, corr.get(), l);
+        for (int c = 0; c < cols; ++c)
+          if (l.n[c] > 0)
+            column_all<Zmm>(l.n[c], l.x[c], l.row[c], pw.offset((j0 + c) % a.kvol), groups, cout_p, acc.get());
       }
       for (int64_t r = 0; r < rows; ++r) epilogue_row(a, o0 + r, acc.get() + r * cout_p, corr.get()[r]);
     };

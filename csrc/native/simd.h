@@ -46,6 +46,17 @@ inline bool cpu_has_avx512f() {
 #endif
 }
 
+// AVX-512 with the byte dot products of VNNI (and the BW/VL byte and 256-bit forms), for the int8 kernels.
+inline bool cpu_has_avx512_vnni() {
+#if SPCONV_HAVE_AVX2_PATH
+  static const bool ok = cpu_has_avx512f() && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return ok;
+#else
+  return false;
+#endif
+}
+
 // The instruction set the hand-written loops run with here (build_info's cpu_isa).
 inline const char* cpu_isa_name() {
   return cpu_has_avx512f() && cpu_has_avx2_fma() ? "avx512" : cpu_has_avx2_fma() ? "avx2" : "generic";

@@ -230,9 +230,12 @@ void check_conv_backward_args(const at::Tensor& features, const at::Tensor& filt
 
 void check_pool_args(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
                      const at::Tensor& pair_offsets, int64_t num_out, bool allow_int8) {
-  if (allow_int8 && features.scalar_type() == at::kChar) {
+  const auto t = features.scalar_type();
+  if (allow_int8 && t == at::kChar) {
     TORCH_CHECK_VALUE(features.dim() == 2, "features must be 2-D [N, C], got ", features.sizes());
   } else {
+    TORCH_CHECK_TYPE(!allow_int8 || t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+                     "features must be float32, float64, float16, bfloat16 or int8, got ", t);
     check_features(features, "features");
   }
   check_pairs(pair_in, pair_out, pair_offsets, features);
