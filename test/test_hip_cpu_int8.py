@@ -9,6 +9,7 @@ import torch
 from conftest import hip_cpu_library
 from _int8_reference import int8_conv_reference, random_table
 from test_gpu_map_order import coords
+from test_hip_cpu_host_syncs import SYNCING_OPS
 
 pytestmark = pytest.mark.hip_cpu
 
@@ -118,8 +119,12 @@ def test_map_info_no_host_copy(hip_cpu):
     x, w = _int8((idx.shape[0], 12), g), _int8((27, 12, 10), g)
     scale, bias = torch.full((10,), 3e-4), torch.zeros(10)
     before = hip_cpu.host_copy_count()
-    got = _check(hip_cpu, x, w, table, scale, bias, None, act=1, info=info)
+    with torch.profiler.profile() as prof:
+        got = hip_cpu.quantized_conv(x, w, table, scale, bias, None, 1.0, 1, 0.0, info)
     assert hip_cpu.host_copy_count() == before
+    syncing = sorted({e.name for e in prof.events()} & SYNCING_OPS)
+    assert not syncing, syncing  # nothing that would wait for a GPU
+    _check(hip_cpu, x, w, table, scale, bias, None, act=1, info=info)
     assert torch.equal(hip_cpu.quantized_conv(x, w, table, scale, bias, None, 1.0, 1, 0.0), got)
     assert hip_cpu.host_copy_count() == before + 1  # without map_info: the table's extremes
     with pytest.raises(ValueError, match="map_info says"):
