@@ -150,13 +150,18 @@ def test_path_names_the_body(hip_cpu):
     assert hip_cpu.quantized_conv_path(torch.zeros(1, 4, dtype=torch.int8)) == "simt"
 
 
-# The emulated int8 MFMA body (the gfx90a code): partial 4-word groups (cin 3, 17), several K steps and channel
-# tiles, both table rounds, the epilogue options.
+# The emulated matrix-core bodies: int8 MFMA (the gfx90a code) in the mfma variant, integer mma.sync (the NVIDIA
+# sm_80+ code) in the wmma variant. Partial word groups (cin 3, 17: one and five words; 40: ten), several K steps
+# and channel tiles, both table rounds, the epilogue options.
+MATRIX_BODIES = {"mfma": "mfma_i8", "wmma": "mma_s8"}
+
+
+@pytest.mark.parametrize("variant", sorted(MATRIX_BODIES))
 @pytest.mark.parametrize("cin,cout,kvol,rounds,act", [(3, 16, 27, 1, 0), (17, 17, 27, 1, 2), (64, 32, 27, 2, 1),
-                                                      (96, 128, 1, 2, 0), (128, 1, 1, 1, 2)])
-def test_mfma_body_matches_reference(cin, cout, kvol, rounds, act):
-    ops = hip_cpu_library("mfma")
-    assert ops.quantized_conv_path(torch.zeros(1, 4, dtype=torch.int8)) == "mfma_i8"
+                                                      (40, 72, 8, 1, 0), (96, 128, 1, 2, 0), (128, 1, 1, 1, 2)])
+def test_matrix_body_matches_reference(variant, cin, cout, kvol, rounds, act):
+    ops = hip_cpu_library(variant)
+    assert ops.quantized_conv_path(torch.zeros(1, 4, dtype=torch.int8)) == MATRIX_BODIES[variant]
     _check(ops, *_case(cin, cout, kvol, rounds, seed=cin * 7 + cout), act=act)
 
 

@@ -84,8 +84,9 @@ def test_variant_kernels_listed():
     """Objects outside a variant's kernel list are shared with the plain build: every kernel whose code the
     emulation switches must be listed."""
     src = hip_cpu_build.REPO
-    # SPCONV_INT8_MFMA (int8_dot.h) is the MFMA switch of the int8 kernel.
-    switch = {"wmma": r"SPCONV_DEVICE_WMMA|SPCONV_EMULATE_", "mfma": r"SPCONV_DEVICE_MFMA|SPCONV_INT8_MFMA|SPCONV_EMULATE_"}
+    # SPCONV_INT8_MMA / SPCONV_INT8_MFMA (int8_dot.h) are the matrix-core switches of the int8 kernel.
+    switch = {"wmma": r"SPCONV_DEVICE_WMMA|SPCONV_INT8_MMA|SPCONV_EMULATE_",
+              "mfma": r"SPCONV_DEVICE_MFMA|SPCONV_INT8_MFMA|SPCONV_EMULATE_"}
     for name in EMULATED:
         uses = {os.path.relpath(p, src) for p in glob.glob(os.path.join(src, "csrc", "hip", "*.cu"))
                 if re.search(switch[name], open(p).read())}

@@ -101,6 +101,11 @@ MUTATIONS = [
     Mutation("int8_mfma_lane", "csrc/hip/quantized_conv.cu", "const int av = As[rb + lr][ks + lq];",
              "const int av = As[rb + (lr + 1) % 16][ks + lq];", ["test/test_hip_cpu_int8.py", "-k", "mfma"],
              requires="csrc/hip/emu", variant="mfma", why="int8 MFMA body: each lane reads its neighbour's row"),
+    Mutation("int8_mma_b_k_halves", "csrc/hip/quantized_conv.cu",
+             "static_cast<uint32_t>(Bs[ks + t][c]), static_cast<uint32_t>(Bs[ks + 4 + t][c])",
+             "static_cast<uint32_t>(Bs[ks + 4 + t][c]), static_cast<uint32_t>(Bs[ks + t][c])",
+             ["test/test_hip_cpu_int8.py", "-k", "wmma"], requires="csrc/hip/emu", variant="wmma",
+             why="NVIDIA integer MMA body: the two K halves of the B fragment are swapped"),
 ]
 
 

@@ -164,7 +164,7 @@ int quantized_conv_forward(const int32_t* x, int64_t n_in, int64_t k4, const int
                            const int8_t* residual, float residual_scale, int activation, float alpha, int8_t* y,
                            void* stream);
 // Which body quantized_conv_forward runs on the current device: *out (one int32 on the device) = 0 plain C,
-// 1 sdot4, 2 dp4a, 3 mfma_i8; quantized_body_name names it.
+// 1 sdot4, 2 dp4a, 3 mfma_i8, 4 mma_s8; quantized_body_name names it.
 int quantized_conv_body(int32_t* out, void* stream);
 const char* quantized_body_name(int32_t body);
 

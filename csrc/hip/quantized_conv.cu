@@ -5,8 +5,9 @@
 // writes each output once through the FP32 epilogue: deterministic, no atomics.
 // Operands come packed by the glue: x [n_in, k4] and w [kvol, k4, cout] int32 words of 4 int8 along Cin
 // (zero-padded), so every load is one aligned word and channel tails need no special case along Cin.
-// Bodies (int8_dot.h): matrix cores where the target has int8 MFMA (gfx90a, gfx94x; emulated in the HIP CPU
-// mfma variant), else per-thread packed dot products (sdot4, dp4a, or plain C). Integer sums are exact in any
+// Bodies (int8_dot.h): matrix cores where the target has them: int8 MFMA (gfx90a, gfx94x; emulated in the HIP
+// CPU mfma variant) or integer mma.sync (NVIDIA sm_80+; emulated in the wmma variant); else per-thread packed
+// dot products (sdot4, dp4a, or plain C). Integer sums are exact in any
 // order, so every body gives the same bits.
 #include "hip_compat.h"
 
@@ -22,10 +23,6 @@ constexpr int kThreads = 256;
 constexpr int kRows = 32;   // output rows per tile
 constexpr int kCols = 64;   // output channels per tile
 constexpr int kWords = 16;  // words (64 input channels) per K step
-constexpr int kTx = 16;     // threads along the channels; each thread owns 2 rows x 4 channels
-constexpr int kTy = kThreads / kTx;
-constexpr int kRowsPerThread = kRows / kTy;
-constexpr int kColsPerThread = kCols / kTx;
 
 struct QArgs {
   const int32_t* x;        // [n_in, k4]
@@ -85,6 +82,12 @@ __device__ __forceinline__ void load_step(const QArgs& a, const int32_t* src, co
 
 // ---- bodies: the tile's int32 sums, one K step at a time, then the epilogue of the outputs a thread owns ----
 
+#if !defined(SPCONV_INT8_MFMA) && !defined(SPCONV_INT8_MMA)
+constexpr int kTx = 16;  // threads along the channels; each thread owns 2 rows x 4 channels
+constexpr int kTy = kThreads / kTx;
+constexpr int kRowsPerThread = kRows / kTy;
+constexpr int kColsPerThread = kCols / kTx;
+
 // Dot products: thread (tx, ty) owns rows ty + kTy * p and channels tx + kTx * q.
 struct SimtBody {
   int32_t acc[kRowsPerThread][kColsPerThread] = {};
@@ -112,6 +115,9 @@ struct SimtBody {
     }
   }
 };
+using Body = SimtBody;
+constexpr int32_t kBodyId = SPCONV_INT8_DOT;
+#endif
 
 #if defined(SPCONV_INT8_MFMA)
 typedef SPCONV_VECTOR(int, 4) mfma_int4;
@@ -161,9 +167,45 @@ struct MfmaBody {
 };
 using Body = MfmaBody;
 constexpr int32_t kBodyId = 3;
-#else
-using Body = SimtBody;
-constexpr int32_t kBodyId = SPCONV_INT8_DOT;
+#elif defined(SPCONV_INT8_MMA)
+constexpr int kWarps = kThreads / 32;
+static_assert(kWarps == 8 && kRows == 32 && kCols == 64, "the MMA body covers the tile with 8 warps of 16 x 16");
+
+// NVIDIA integer MMA (32-lane warps): warp w owns rows 16 * (w % 2) and channels 16 * (w / 2) + 8 * f, f < 2, as
+// 16 x 8 int32 tiles of mma.m16n8k32; one call takes 8 words (32 input channels) of K. Fragments as in
+// mma_s8_16x8x32 (g = lane / 4, t = lane % 4): A word A[row][ks + t] or [ks + 4 + t], B word Bs[ks + t][col].
+struct MmaBody {
+  int32_t acc[2][4] = {};
+
+  __device__ __forceinline__ void step(const int32_t (*As)[kWords + 1], const int32_t (*Bs)[kCols], int steps) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const int rb = 16 * (warp % 2), cb = 16 * (warp / 2);
+    // Words past `steps` are zero in both tiles (load_step), so a partial last group adds nothing.
+    for (int ks = 0; ks < steps; ks += 8) {
+      const uint32_t a[4] = {static_cast<uint32_t>(As[rb + g][ks + t]), static_cast<uint32_t>(As[rb + g + 8][ks + t]),
+                             static_cast<uint32_t>(As[rb + g][ks + 4 + t]),
+                             static_cast<uint32_t>(As[rb + g + 8][ks + 4 + t])};
+      for (int f = 0; f < 2; ++f) {
+        const int c = cb + 8 * f + g;
+        const uint32_t b[2] = {static_cast<uint32_t>(Bs[ks + t][c]), static_cast<uint32_t>(Bs[ks + 4 + t][c])};
+        mma_s8_16x8x32(a, b, acc[f]);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(const QArgs& a, int64_t row0, int64_t col0) const {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    for (int f = 0; f < 2; ++f) {
+      for (int i = 0; i < 4; ++i) {
+        const int64_t r = row0 + 16 * (warp % 2) + g + 8 * (i / 2);
+        const int64_t c = col0 + 16 * (warp / 2) + 8 * f + 2 * t + i % 2;
+        if (r < a.n_out && c < a.cout) a.y[r * a.cout + c] = requantize(acc[f][i], r, c, a);
+      }
+    }
+  }
+};
+using Body = MmaBody;
+constexpr int32_t kBodyId = 4;
 #endif
 
 __global__ void __launch_bounds__(kThreads) quantized_conv_kernel(QArgs a) {
@@ -212,7 +254,7 @@ int quantized_conv_body(int32_t* out, void* stream) {
 }
 
 const char* quantized_body_name(int32_t body) {
-  return body == 1 ? "sdot4" : body == 2 ? "dp4a" : body == 3 ? "mfma_i8" : "simt";
+  return body == 1 ? "sdot4" : body == 2 ? "dp4a" : body == 3 ? "mfma_i8" : body == 4 ? "mma_s8" : "simt";
 }
 
 }  // namespace gpu
