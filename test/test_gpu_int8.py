@@ -66,9 +66,15 @@ def test_large_and_empty():
 
 def test_path_names_a_body():
     name = ops.quantized_conv_path(torch.zeros(1, 4, dtype=torch.int8, device=DEV))
-    assert name in {"sdot4", "dp4a", "mfma_i8", "simt"}
-    if torch.version.cuda is not None and torch.cuda.get_device_capability() >= (6, 1):
-        assert name == "dp4a"
+    assert name in {"sdot4", "dp4a", "mfma_i8", "mma_s8", "simt"}
+    if torch.version.cuda is not None:  # integer MMA from sm_80, dp4a from sm_61
+        cap = torch.cuda.get_device_capability()
+        assert name == ("mma_s8" if cap >= (8, 0) else "dp4a" if cap >= (6, 1) else "simt")
+    elif torch.version.hip is not None:
+        arch = torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
+        want = {"gfx906": "sdot4", "gfx908": "sdot4", "gfx90a": "mfma_i8", "gfx940": "mfma_i8", "gfx941": "mfma_i8",
+                "gfx942": "mfma_i8"}
+        assert name == want.get(arch, "simt"), arch
 
 
 def test_map_info_and_bad_table():
