@@ -84,8 +84,11 @@ def test_variant_kernels_listed():
     """Objects outside a variant's kernel list are shared with the plain build: every kernel whose code the
     emulation switches must be listed."""
     src = hip_cpu_build.REPO
-    uses = {os.path.relpath(p, src) for p in glob.glob(os.path.join(src, "csrc", "hip", "*.cu"))
-            if re.search(r"SPCONV_DEVICE_(WMMA|MFMA)|SPCONV_EMULATE_", open(p).read())}
-    assert uses, "no kernel uses the matrix cores: the check would be empty"
+    # SPCONV_INT8_MMA / SPCONV_INT8_MFMA (int8_dot.h) are the matrix-core switches of the int8 kernel.
+    switch = {"wmma": r"SPCONV_DEVICE_WMMA|SPCONV_INT8_MMA|SPCONV_EMULATE_",
+              "mfma": r"SPCONV_DEVICE_MFMA|SPCONV_INT8_MFMA|SPCONV_EMULATE_"}
     for name in EMULATED:
+        uses = {os.path.relpath(p, src) for p in glob.glob(os.path.join(src, "csrc", "hip", "*.cu"))
+                if re.search(switch[name], open(p).read())}
+        assert uses, "no kernel uses the %s matrix cores: the check would be empty" % name
         assert uses <= set(hip_cpu_build.VARIANTS[name].kernels), name

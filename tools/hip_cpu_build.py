@@ -54,13 +54,15 @@ class Variant(NamedTuple):
 
 
 # Adding a variant is one line here. Namespaces must match what the tests load. The emulated matrix cores
-# change only the fused bodies (SPCONV_DEVICE_WMMA / _MFMA); a test checks that no other kernel uses them.
+# change only the fused bodies (SPCONV_DEVICE_WMMA / _MFMA) and the int8 body; a test checks that no other
+# kernel uses them.
 _EMU = os.path.join("csrc", "hip", "emu")
 _FUSED = ["csrc/hip/fused_conv.cu"]
+_INT8 = ["csrc/hip/quantized_conv.cu"]  # its int8 bodies: MFMA (mfma variant), NVIDIA integer MMA (wmma variant)
 VARIANTS: Dict[str, Variant] = {
     "simt": Variant("spconv_hipcpu", [], None),
-    "wmma": Variant("spconv_hipcpu_wmma", ["SPCONV_EMULATE_WMMA=1"], _EMU, _FUSED),
-    "mfma": Variant("spconv_hipcpu_mfma", ["SPCONV_EMULATE_MFMA=1"], _EMU, _FUSED),
+    "wmma": Variant("spconv_hipcpu_wmma", ["SPCONV_EMULATE_WMMA=1"], _EMU, _FUSED + _INT8),
+    "mfma": Variant("spconv_hipcpu_mfma", ["SPCONV_EMULATE_MFMA=1"], _EMU, _FUSED + _INT8),
 }
 
 

@@ -44,6 +44,7 @@ _CONV_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
     bool ok ="""
 _FUSED_TESTS = ["test/test_hip_cpu_ops.py", "-k", "fused_forward_dinput_dfilter and f32"]
 _MAP_TESTS = ["test/test_hip_cpu_ops.py", "-k", "kernel_map_pairs"]
+_INT8_TESTS = ["test/test_hip_cpu_int8.py"]
 
 MUTATIONS = [
     Mutation("fwd_barrier_after_load", "csrc/hip/fused_conv.cu", _FWD_LOOP_BARRIER,
@@ -87,6 +88,24 @@ MUTATIONS = [
     Mutation("map_info_ignored", "csrc/ops/checks.cpp", "  if (auto info = read_map_info(map_info, kvol, npairs)) {",
              "  if (auto info = std::optional<MapInfo>()) {", ["test/test_hip_cpu_host_syncs.py"],
              why="the ops copy the pairs' extremes to the host on every call although the map's record is given"),
+    Mutation("int8_epilogue_truncates", "csrc/hip/quantized_conv.cu",
+             "fminf(fmaxf(round_even(v), -128.f), 127.f)", "fminf(fmaxf(truncf(v), -128.f), 127.f)",
+             _INT8_TESTS, why="int8 epilogue: the value is truncated toward zero instead of rounded to nearest even"),
+    Mutation("int8_filter_column_wrapped", "csrc/hip/quantized_conv.cu", "a.w + (j % a.kvol) * a.k4 * a.cout",
+             "a.w + (j % (a.kvol > 1 ? a.kvol - 1 : 1)) * a.k4 * a.cout", _INT8_TESTS,
+             why="int8 conv: table column j multiplies the filters of the wrong offset (j mod kvol - 1)"),
+    Mutation("int8_tail_words_dropped", "csrc/hip/quantized_conv.cu",
+             "body.step(As, Bs, a.k4 - kw < kWords ? static_cast<int>(a.k4 - kw) : kWords);",
+             "body.step(As, Bs, a.k4 - kw < kWords ? static_cast<int>(a.k4 - kw) - 1 : kWords);", _INT8_TESTS,
+             why="int8 conv: the last K step skips its final word (the input-channel tail)"),
+    Mutation("int8_mfma_lane", "csrc/hip/quantized_conv.cu", "const int av = As[rb + lr][ks + lq];",
+             "const int av = As[rb + (lr + 1) % 16][ks + lq];", ["test/test_hip_cpu_int8.py", "-k", "mfma"],
+             requires="csrc/hip/emu", variant="mfma", why="int8 MFMA body: each lane reads its neighbour's row"),
+    Mutation("int8_mma_b_k_halves", "csrc/hip/quantized_conv.cu",
+             "static_cast<uint32_t>(Bs[ks + t][c]), static_cast<uint32_t>(Bs[ks + 4 + t][c])",
+             "static_cast<uint32_t>(Bs[ks + 4 + t][c]), static_cast<uint32_t>(Bs[ks + t][c])",
+             ["test/test_hip_cpu_int8.py", "-k", "wmma"], requires="csrc/hip/emu", variant="wmma",
+             why="NVIDIA integer MMA body: the two K halves of the B fragment are swapped"),
 ]
 
 

@@ -1,5 +1,5 @@
 // Element loads and arithmetic of the kernels whose results must equal the CPU route's bit for bit (pooling,
-// grouped convolution): values are computed in FP32 (FP64 for double) and products are never contracted into
+// grouped convolution, the int8 epilogue): values are computed in FP32 (FP64 for double) and products are never contracted into
 // an FMA, since the CPU loops round the product and the sum separately. nvcc honours the _rn intrinsics;
 // hipcc contracts unless told not to (g++ in the HIP CPU build: -ffp-contract=off).
 #pragma once
@@ -33,6 +33,30 @@ __device__ __forceinline__ double mul_add_rn(double a, double b, double c) {
   return a * b + c;
 #endif
 }
+
+// Single FP32 operations rounded to nearest even on their own (the int8 epilogue: never contracted, so a
+// product followed by a sum rounds twice on every target, as the CPU route does).
+__device__ __forceinline__ float mul_rn(float a, float b) {
+#if defined(SPCONV_CUDA)
+  return __fmul_rn(a, b);
+#else
+#pragma clang fp contract(off)
+  return a * b;
+#endif
+}
+__device__ __forceinline__ float add_rn(float a, float b) {
+#if defined(SPCONV_CUDA)
+  return __fadd_rn(a, b);
+#else
+#pragma clang fp contract(off)
+  return a + b;
+#endif
+}
+// nearbyint in the default rounding mode: ties to even (rintf exists on CUDA, HIP and the host).
+__device__ __forceinline__ float round_even(float v) { return rintf(v); }
+
+// int8 elements compared as floats (max pooling): exact, every int8 is a float.
+__device__ __forceinline__ float ld(int8_t v) { return static_cast<float>(v); }
 
 }  // namespace gpu
 }  // namespace spconv

@@ -150,5 +150,23 @@ int avgpool_forward(DType t, const void* x, int64_t c, int64_t num_out, const in
 int avgpool_backward(DType t, const void* dy, const int32_t* count, int64_t c, const int32_t* pair_in,
                      const int32_t* pair_out, const int64_t* offsets, int64_t kvol, void* dx, void* stream);
 
+// int8 features (max pooling only): the same kernel, exact (max only selects).
+int maxpool_forward_int8(const int8_t* x, int64_t c, const int32_t* pair_in, const int32_t* pair_out,
+                         const int64_t* offsets, int64_t kvol, int8_t* out, void* stream);
+
+// ---- int8 inference (csrc/hip/quantized_conv.cu; section owner: quantization) ----
+// y [n_out, cout] int8 = the schema's epilogue of acc[r, c] = sum over the columns j < T of nbr [n_out, T] with
+// 0 <= nbr[r, j] < n_in of dot(x[nbr[r, j]], w[j % kvol][:, c]) (exact int32). Operands packed as int32 words of
+// 4 int8 along Cin, zero-padded: x [n_in, k4], w [kvol, k4, cout]. scale [cout]; bias [cout] and residual
+// [n_out, cout] may be null; activation 0 none, 1 ReLU, 2 LeakyReLU(alpha). Every output written once.
+int quantized_conv_forward(const int32_t* x, int64_t n_in, int64_t k4, const int32_t* w, int64_t kvol, int64_t cout,
+                           const int32_t* nbr, int64_t n_out, int64_t T, const float* scale, const float* bias,
+                           const int8_t* residual, float residual_scale, int activation, float alpha, int8_t* y,
+                           void* stream);
+// Which body quantized_conv_forward runs on the current device: *out (one int32 on the device) = 0 plain C,
+// 1 sdot4, 2 dp4a, 3 mfma_i8, 4 mma_s8; quantized_body_name names it.
+int quantized_conv_body(int32_t* out, void* stream);
+const char* quantized_body_name(int32_t body);
+
 }  // namespace gpu
 }  // namespace spconv

@@ -2,7 +2,8 @@
 // One launch per kernel offset, offsets in order on one stream: within an offset every output row and
 // every input row appears at most once, so each launch is race-free without atomics, and the per-element
 // order of updates is the CPU route's order (offset by offset) -> deterministic and equal to the CPU.
-// Features are read in their storage type and computed in fp32 (fp64 for double) as the CPU glue does.
+// Features are read in their storage type and computed in fp32 (fp64 for double) as the CPU glue does; int8
+// features (max pooling forward only) are compared as floats, which is exact.
 #include "hip_compat.h"
 
 #include "exact_math.h"
@@ -200,6 +201,11 @@ int avgpool_backward(DType t, const void* dy, const int32_t* count, int64_t c, c
 }
 
 #undef SPCONV_POOL_DISPATCH
+
+int maxpool_forward_int8(const int8_t* x, int64_t c, const int32_t* pair_in, const int32_t* pair_out,
+                         const int64_t* offsets, int64_t kvol, int8_t* out, void* stream) {
+  return maxpool_fwd_t<int8_t>(x, c, pair_in, pair_out, offsets, kvol, out, static_cast<hipStream_t>(stream));
+}
 
 }  // namespace gpu
 }  // namespace spconv

@@ -2,6 +2,7 @@
 
 The layout is stated here on its own, from the AMD Matrix Instruction Calculator for v_mfma_f32_16x16x16f16 /
 v_mfma_f32_16x16x16bf16_1k (lane l, element i): A[l % 16][4 (l / 16) + i], B and C/D [4 (l / 16) + i][l % 16].
+v_mfma_i32_16x16x16i8 has the same layout with element i in byte i of the lane's operand word (int32 C/D).
 """
 import numpy as np
 import pytest
@@ -93,3 +94,39 @@ def test_rejects_broadcast_modifiers(exe, tmp_path):
     z16, zc = np.zeros((1, 1, 64, 4), np.uint16), np.zeros((1, 64, 4), np.float32)
     r = run_lanes(exe, tmp_path, "bf16", z16, z16, zc, threads=64, cbsz=1, expect_ok=False)
     assert r.returncode != 0 and "cbsz" in r.stderr
+
+
+def _i8_bits(m):
+    """int8 values as the 16-bit elements the program reads (the value in the low byte)."""
+    return (np.asarray(m, np.int64) & 0xFF).astype(np.uint16)
+
+
+def test_lane_layout_i8(exe, tmp_path):
+    unique = np.arange(256).reshape(16, 16) - 128  # entry 16 r + c - 128: distinct int8 values
+    eye = np.eye(16, dtype=np.int64)
+    c = (1000 + np.arange(256).reshape(16, 16)).astype(np.float32)
+    a = np.stack([lanes_a(_i8_bits(eye)), lanes_a(_i8_bits(unique))])[:, None]
+    b = np.stack([lanes_b(_i8_bits(unique)), lanes_b(_i8_bits(eye))])[:, None]
+    d = run_lanes(exe, tmp_path, "i8", a, b, np.stack([lanes_c(c), lanes_c(c)]), threads=128)
+    m, n = 4 * QUAD + ITEM, np.broadcast_to(ROW, (64, 4))
+    expect = 1000 + 16 * m + n + (16 * m + n - 128)
+    for w in range(2):
+        bad = np.argwhere(d[w] != expect)
+        assert bad.size == 0, f"wave {w}: lane/element {bad[:4].tolist()} got {d[w][tuple(bad[0])]}"
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_tile_product_i8(exe, tmp_path, steps):
+    """Extremes included: -128 * -128 products; the int32 sums are exact."""
+    rng = np.random.default_rng(5 + steps)
+    waves = 2
+    a = rng.integers(-128, 128, (waves, steps, 16, 16))
+    b = rng.integers(-128, 128, (waves, steps, 16, 16))
+    a[0, 0, 0, :] = -128
+    b[0, 0, :, 0] = -128
+    c = rng.integers(-1000, 1000, (waves, 16, 16))
+    d = unlanes_d(run_lanes(exe, tmp_path, "i8", lanes_a(_i8_bits(a)), lanes_b(_i8_bits(b)),
+                            lanes_c(c.astype(np.float32)), threads=64 * waves))
+    for w in range(waves):
+        want = c[w] + sum(a[w, s] @ b[w, s] for s in range(steps))
+        np.testing.assert_array_equal(d[w].astype(np.int64), want)

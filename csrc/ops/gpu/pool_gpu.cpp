@@ -1,6 +1,6 @@
 // GPU glue of sparse max/avg pooling (kernels in csrc/hip/pool.cu): same checks, dtypes and results as the
 // CPU glue (csrc/ops/cpu/pool_kernel.cpp). FP16/BF16 features are read as they are and computed in FP32;
-// results come back in the input's dtype.
+// results come back in the input's dtype. The max pooling forward also takes int8 features (exact).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -38,15 +38,36 @@ at::Tensor checked_host_offsets(const at::Tensor& pin, const at::Tensor& pout, c
   return host.offsets;
 }
 
+// check_pool_args for int8 features (the max pooling forward): the shared checks take float dtypes only.
+void check_int8_pool_args(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
+                          const at::Tensor& pair_offsets, int64_t num_out) {
+  TORCH_CHECK_VALUE(features.dim() == 2, "features must be 2-D [N, C], got ", features.sizes());
+  check_pairs(pair_in, pair_out, pair_offsets, features);
+  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
+}
+
 at::Tensor indice_maxpool_gpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
                               const at::Tensor& pair_offsets, int64_t num_out, const std::optional<at::Tensor>& map_info) {
-  check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
+  const bool int8 = features.scalar_type() == at::kChar;
+  if (int8) {
+    check_int8_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
+  } else {
+    check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
+  }
   c10::DeviceGuard guard(features.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
   at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out, map_info);
   at::Tensor x = features.contiguous();
   // Max only selects, so the output can stay in the storage dtype: equal to computing in FP32 and rounding.
   at::Tensor out = at::zeros({num_out, x.size(1)}, x.options());
+  if (int8) {
+    check_launch(gpu::maxpool_forward_int8(x.const_data_ptr<int8_t>(), x.size(1), pin.const_data_ptr<int32_t>(),
+                                           pout.const_data_ptr<int32_t>(), po.const_data_ptr<int64_t>(),
+                                           po.size(0) - 1, out.mutable_data_ptr<int8_t>(),
+                                           current_stream(features.device())),
+                 "maxpool_forward_int8");
+    return out;
+  }
   check_launch(gpu::maxpool_forward(gpu_dtype(x.scalar_type()), x.const_data_ptr(), x.size(1),
                                     pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
                                     po.const_data_ptr<int64_t>(), po.size(0) - 1, out.mutable_data_ptr(),
