@@ -38,22 +38,10 @@ at::Tensor checked_host_offsets(const at::Tensor& pin, const at::Tensor& pout, c
   return host.offsets;
 }
 
-// check_pool_args for int8 features (the max pooling forward): the shared checks take float dtypes only.
-void check_int8_pool_args(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
-                          const at::Tensor& pair_offsets, int64_t num_out) {
-  TORCH_CHECK_VALUE(features.dim() == 2, "features must be 2-D [N, C], got ", features.sizes());
-  check_pairs(pair_in, pair_out, pair_offsets, features);
-  TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
-}
-
 at::Tensor indice_maxpool_gpu(const at::Tensor& features, const at::Tensor& pair_in, const at::Tensor& pair_out,
                               const at::Tensor& pair_offsets, int64_t num_out, const std::optional<at::Tensor>& map_info) {
+  check_pool_args(features, pair_in, pair_out, pair_offsets, num_out, /*allow_int8=*/true);
   const bool int8 = features.scalar_type() == at::kChar;
-  if (int8) {
-    check_int8_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
-  } else {
-    check_pool_args(features, pair_in, pair_out, pair_offsets, num_out);
-  }
   c10::DeviceGuard guard(features.device());
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
   at::Tensor po = checked_host_offsets(pin, pout, pair_offsets, features.size(0), num_out, map_info);
