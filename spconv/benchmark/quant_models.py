@@ -1,4 +1,4 @@
-"""Networks and data for the quantization tests and the int8 benchmark rows: the residual network of spconv 2.x's
+"""Networks and workflows of the int8 benchmark rows and the quantization tests: the residual network of spconv 2.x's
 int8 guide (fusible and unfusible blocks), an OpenPCDet-style VoxelBackBone8x, and the PTQ / QAT workflow."""
 import warnings
 from typing import Callable, Iterable, List, Tuple
@@ -198,3 +198,36 @@ def qat(model: nn.Module, batches: Iterable[Tuple], train: Callable, calib: Iter
 def copy_module(m: nn.Module) -> nn.Module:
     import copy
     return copy.deepcopy(m)
+
+
+class BasicNetPTQ(nn.Module):
+    """The ``basic`` benchmark network with the quantize stub in front, for the FX workflow."""
+
+    def __init__(self, in_channels: int, spatial_shape: List[int]):
+        super().__init__()
+        from spconv.benchmark.network import build_basic_net
+        self.spatial_shape = spatial_shape
+        self.net = build_basic_net(spconv, in_channels)
+        self.quant = QuantStub()
+
+    def forward(self, features: torch.Tensor, indices: torch.Tensor, batch_size: int):
+        x = spconv.SparseConvTensor(self.quant(features), indices, self.spatial_shape, batch_size)
+        return self.net(x).dequantize().features
+
+
+@torch.no_grad()
+def unit_scale_layers(net: nn.Module, inputs: Tuple) -> nn.Module:
+    """Rescales each sparse conv's weight, in order, so its output has unit RMS on ``inputs``: the activation
+    scale a trained network with batch norms has (a random deep stack without them shrinks geometrically)."""
+    convs = [m for m in net.modules() if isinstance(m, spconv.SparseConvolution)]
+    for conv in convs:
+        seen = {}
+
+        def hook(mod, args, out):
+            seen["rms"] = out.features.float().pow(2).mean().sqrt()
+
+        h = conv.register_forward_hook(hook)
+        net(*inputs)
+        h.remove()
+        conv.weight.div_(seen["rms"].clamp_min(1e-12))
+    return net

@@ -1,0 +1,48 @@
+"""spconv 2.x's documented PTQ workflow, the converted model run through the GPU code (HIP kernels and glue on
+the HIP CPU runtime): the same int8 bits as the CPU route, with one device->host copy per kernel map."""
+import pytest
+import torch
+
+from spconv import _backend
+from spconv.benchmark.quant_models import (FusibleBlock, ResidualNet, VoxelBackBone8x, image_batch, ptq, random_scene,
+                                           train_a_little)
+
+pytestmark = pytest.mark.hip_cpu
+
+
+def _run_both(hip_cpu, converted, inputs):
+    with torch.no_grad():
+        cpu = converted(*inputs)
+        before = hip_cpu.host_copy_count()
+        with _backend.gpu_code_on_cpu(hip_cpu.name):
+            with torch.profiler.profile() as prof:
+                gpu = converted(*inputs)
+        copies = hip_cpu.host_copy_count() - before
+    names = [e.name for e in prof.events()]
+    return cpu, gpu, copies, names
+
+
+def test_residual_net_int8_through_the_hip_code(hip_cpu):
+    g = torch.Generator().manual_seed(5)
+    net = ResidualNet(FusibleBlock)
+    batches = [image_batch(g) for _ in range(3)]
+    train_a_little(net, batches, steps=2)
+    _, converted = ptq(net, batches[:2])
+    cpu, gpu, copies, names = _run_both(hip_cpu, converted, batches[2])
+    assert torch.equal(cpu, gpu)
+    assert names.count(hip_cpu.name + "::quantized_conv") == 7
+    # one copy per kernel map built (subm at 28x28 shared by three convs, then four strided convs)
+    assert copies == names.count(hip_cpu.name + "::get_indice_pairs")
+
+
+def test_voxel_backbone_int8_through_the_hip_code(hip_cpu):
+    g = torch.Generator().manual_seed(6)
+    shape = [41, 32, 28]
+    scenes = [random_scene(g, shape, 600) for _ in range(3)]
+    m = VoxelBackBone8x(4, shape)
+    train_a_little(m, scenes, steps=2)
+    _, converted = ptq(m, scenes[:2])
+    cpu, gpu, copies, names = _run_both(hip_cpu, converted, scenes[2])
+    assert torch.equal(cpu, gpu)
+    assert names.count(hip_cpu.name + "::quantized_conv") == 12
+    assert copies == names.count(hip_cpu.name + "::get_indice_pairs")
