@@ -143,6 +143,7 @@ def train_a_little(model: nn.Module, batches: Iterable[Tuple], steps: int = 4, l
     """A few optimizer steps on a self-supervised loss, so weights and batch-norm statistics look trained."""
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    batches = list(batches)
     for _, inputs in zip(range(steps), batches):
         out = model(*inputs).float()
         # spread the channels: unit variance per channel, decorrelated from a fixed random projection
@@ -151,7 +152,24 @@ def train_a_little(model: nn.Module, batches: Iterable[Tuple], steps: int = 4, l
         opt.zero_grad()
         loss.backward()
         opt.step()
+    settle_batch_norms(model, batches[:steps])
     return model.eval()
+
+
+@torch.no_grad()
+def settle_batch_norms(model: nn.Module, batches) -> None:
+    """Running statistics of the final weights (the plain average over ``batches``), as a trained model has
+    them; a few momentum updates would leave them near their initial values."""
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [bn.momentum for bn in bns]
+    for bn in bns:
+        bn.reset_running_stats()
+        bn.momentum = None
+    model.train()
+    for inputs in batches:
+        model(*inputs)
+    for bn, momentum in zip(bns, saved):
+        bn.momentum = momentum
 
 
 def ptq(model: nn.Module, calib: Iterable[Tuple], with_linear: bool = True):

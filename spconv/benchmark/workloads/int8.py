@@ -5,11 +5,11 @@ built from the float layers with scales from one FP32 pass (max |value| / 127), 
 import functools
 from typing import List
 
-import numpy as np
 import torch
 
 import spconv.pytorch as sp
 from spconv.benchmark.flops import ConvLayer
+from spconv.benchmark.results import Check
 from spconv.benchmark.network import build_basic_net
 from spconv.benchmark.routes import Route, available_routes, chosen_route_name
 from spconv.benchmark.timing import time_fn
@@ -85,6 +85,10 @@ def _run(ctx: Context, scan, route: Route, chosen: bool):
     case = f"int8 subm 3x3x3 {C}->{C} N={n} cached"
     measurement(ctx, "layers", case + " (fp32)", route, chosen, "fp32", "forward", n, info, fp32)
     measurement(ctx, "layers", case, route, chosen, "int8", "forward", n, info, int8, with_mm=False)
+    with torch.no_grad():
+        got, ref = q(qx).features.dequantize(), layer(x).features
+    ctx.record.checks.append(Check("layers", f"int8 subm {C}->{C} {route.name} vs fp32 (relative L2)",
+                                   float((got - ref).norm() / ref.norm()), 0.05, f"{n} voxels"))
     gops = 2 * pairs * C * C / (int8.median / 1e3) / 1e9
     path = _int8.kernel_path(torch.zeros(1, 1, dtype=torch.int8, device=device))
     ctx.note(f"int8 ({route.name}, {path}): SubM 3x3x3 {C}->{C} N={n} map cached: fp32 {fp32.median:.2f} ms, int8 "
@@ -111,32 +115,32 @@ def _run(ctx: Context, scan, route: Route, chosen: bool):
     accuracy(ctx, s)
 
 
-CALIB_CROP = (80, 400, 400)
-
-
 def _batch(feats, idx):
     return (torch.from_numpy(feats).float(), torch.from_numpy(idx).int(), 1)
 
 
-def _window(s, size, seed):
-    """The voxels of a ``size`` window of the scan, kept at their coordinates (the traced graph keeps the scan's
-    spatial shape)."""
-    from spconv.benchmark import scenes
-    origin = scenes.crop_window(s.indices, size, seed=seed)
-    zyx = s.indices[:, 1:]
-    inside = ((zyx >= origin) & (zyx < origin + np.asarray(size))).all(1)
-    return _batch(s.features[inside], s.indices[inside])
+def _quadrants(s):
+    """The scan's four (y, x) quadrants, voxels kept at their coordinates (the traced graph keeps the scan's
+    spatial shape): calibration crops whose ranges together span the scan's."""
+    y, x = s.indices[:, 2], s.indices[:, 3]
+    hy, hx = s.shape[1] // 2, s.shape[2] // 2
+    out = []
+    for top in (True, False):
+        for left in (True, False):
+            keep = ((y < hy) == top) & ((x < hx) == left)
+            if keep.any():
+                out.append(_batch(s.features[keep], s.indices[keep]))
+    return out
 
 
 def accuracy(ctx: Context, s) -> None:
     """PTQ through the documented FX workflow (spconv.pytorch.quantization), per-layer int8 vs FP32 error on the
     whole scan: the ``basic`` network (random weights scaled to unit-RMS outputs, as batch norms keep a trained
     network's) and an OpenPCDet-style VoxelBackBone8x after a few
-    optimizer steps on the scan, both calibrated on windows of it."""
+    optimizer steps on the scan, both calibrated on its quadrants."""
     from spconv.benchmark.quant_models import BasicNetPTQ, VoxelBackBone8x, ptq, train_a_little, unit_scale_layers
     from spconv.pytorch.quantization.compare import layer_errors
-    size = tuple(min(c, d) for c, d in zip(CALIB_CROP, s.shape))
-    calib = [_window(s, size, k) for k in range(4)]
+    calib = _quadrants(s)
     full = _batch(s.features, s.indices)
     torch.manual_seed(ctx.seed)
     nets = {"basic network": unit_scale_layers(BasicNetPTQ(s.features.shape[1], list(s.shape)).eval(), calib[0])}
@@ -147,6 +151,6 @@ def accuracy(ctx: Context, s) -> None:
         prepared, converted = ptq(net, calib)
         errs = layer_errors(prepared, converted, *full)
         worst = max(errs, key=errs.get)
-        ctx.note(f"int8 PTQ {name} ({len(errs)} int8 layers, calibrated on 4 windows {'x'.join(map(str, size))} "
-                 "of the scan, evaluated on all of it): per-layer relative L2 vs fp32 "
+        ctx.note(f"int8 PTQ {name} ({len(errs)} int8 layers, calibrated on the scan's {len(calib)} quadrants, "
+                 "evaluated on all of it): per-layer relative L2 vs fp32 "
                  + " ".join(f"{e:.4f}" for e in errs.values()) + f"; worst {errs[worst]:.4f} ({worst})")
