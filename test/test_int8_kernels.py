@@ -295,3 +295,16 @@ def test_int8_pooling_refusals():
         OPS.indice_avgpool(x, pin, pout, poff, num_out, info)
     with pytest.raises(TypeError, match="features"):
         OPS.indice_maxpool(x.to(torch.int16), pin, pout, poff, num_out, info)
+
+
+@pytest.mark.parametrize("with_extras", [False, True], ids=["plain", "bias_residual"])
+def test_opcheck(with_extras):
+    """Schema, fake kernel (spconv/pytorch/_int8.py) and dispatch agree (torch.library.opcheck)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(-128, 128, (30, 12), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (8, 12, 20), dtype=torch.int8, generator=g)
+    nbr = random_table(30, 25, 8, generator=g)
+    bias = torch.randn(20, generator=g) if with_extras else None
+    res = torch.randint(-128, 128, (25, 20), dtype=torch.int8, generator=g) if with_extras else None
+    torch.library.opcheck(torch.ops.spconv.quantized_conv.default,
+                          (x, w, nbr, torch.rand(20, generator=g) * 0.01, bias, res, 0.3, 1, 0.0, None))
