@@ -326,7 +326,8 @@ def test_sparse_observers_and_quantize_per_tensor():
         assert float(obs.calculate_qparams()[0]) > 0
     q = spconvq.quantize_per_tensor([x, x.features], [0.1, 0.2], [0, 0], torch.qint8)
     assert q[0].is_quantized and q[0].q_scale() == pytest.approx(0.1) and q[1].q_scale() == pytest.approx(0.2)
-    assert torch.equal(q[0].dequantize().features, torch.quantize_per_tensor(x.features, 0.1, 0, torch.qint8).dequantize())
+    expect = torch.quantize_per_tensor(x.features, 0.1, 0, torch.qint8).dequantize()
+    assert torch.equal(q[0].dequantize().features, expect)
 
 
 def test_fuse_bn_and_act_eval():

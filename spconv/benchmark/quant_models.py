@@ -38,16 +38,11 @@ class FusibleBlock(spconv.SparseModule):
         return self.relu(out + identity)
 
 
-class UnfusibleBlock(spconv.SparseModule):
+class UnfusibleBlock(FusibleBlock):
     """The same block written with ``replace_feature`` / ``.features``: it can't fuse, and must still run."""
 
     def __init__(self, c: int, ndim: int = 2, key: str = "res"):
-        super().__init__()
-        sub = {2: spconv.SubMConv2d, 3: spconv.SubMConv3d}[ndim]
-        self.conv1_bn_relu = spconv.SparseSequential(conv=sub(c, c, 3, 1, 1, bias=False, indice_key=key),
-                                                     bn=nn.BatchNorm1d(c), relu=nn.ReLU(inplace=True))
-        self.conv2_bn = spconv.SparseSequential(conv=sub(c, c, 3, 1, 1, bias=False, indice_key=key),
-                                                bn=nn.BatchNorm1d(c))
+        super().__init__(c, ndim, key)
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x):

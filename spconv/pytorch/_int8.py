@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from spconv import _backend
-from spconv.pytorch import _fused, pair_rounds
+from spconv.pytorch import _fused, ops, pair_rounds
 
 ACTIVATIONS = {"None_": 0, "ReLU": 1, "LeakyReLU": 2}
 
@@ -121,6 +121,5 @@ def kernel_path(features: torch.Tensor) -> str:
 
 def maxpool(features: torch.Tensor, maps, num_out: int) -> torch.Tensor:
     """Integer max pool of qint8 features: ``max(0, window max)`` like the float pool, the input's scale kept."""
-    from spconv.pytorch import ops as spops
-    out = spops.indice_maxpool_native(int_view(features).contiguous(), maps, num_out)
+    out = ops.indice_maxpool_native(int_view(features).contiguous(), maps, num_out)
     return as_qint8(out, features.q_scale())

@@ -197,7 +197,8 @@ class _TraceableMeta(type):
 
     def __call__(cls, *args, **kwargs):
         found = []
-        torch.fx.node.map_aggregate((args, kwargs), lambda a: found.append(a) if isinstance(a, torch.fx.Proxy) else None)
+        torch.fx.node.map_aggregate((args, kwargs),
+                                    lambda a: found.append(a) if isinstance(a, torch.fx.Proxy) else None)
         if found:
             return found[0].tracer.create_proxy("call_function", cls, args, kwargs)
         return super().__call__(*args, **kwargs)
@@ -345,15 +346,12 @@ class SparseConvTensor(metaclass=_TraceableMeta):
         """``[B, C, *spatial]`` (or ``[B, *spatial, C]``); inactive sites are zero."""
         shape = [self.batch_size] + self.spatial_shape + [self._features.shape[1]]
         check_indices_in_grid(self.indices, self.spatial_shape, self.batch_size)  # else rows would wrap silently
+        indices = self.indices.to(self._features.device).long()
         if self.is_quantized:  # scatter the int8 values; the dense tensor keeps the features' scale
             from spconv.pytorch import _int8
-            res = scatter_nd(self.indices.to(self._features.device).long(), _int8.int_view(self._features), shape)
-            res = _int8.as_qint8(res, self._features.q_scale())
-            if not channels_first:
-                return res
-            ndim = len(self.spatial_shape)
-            return res.permute(0, ndim + 1, *range(1, ndim + 1)).contiguous()
-        res = scatter_nd(self.indices.to(self._features.device).long(), self._features, shape)
+            res = _int8.as_qint8(scatter_nd(indices, _int8.int_view(self._features), shape), self._features.q_scale())
+        else:
+            res = scatter_nd(indices, self._features, shape)
         if not channels_first:
             return res
         ndim = len(self.spatial_shape)

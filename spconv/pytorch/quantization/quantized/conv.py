@@ -14,7 +14,27 @@ from spconv.pytorch.core import SparseConvTensor
 from spconv.pytorch.quantization.utils import conv_init_args, fuse_spconv_bn_weights
 
 
-class _SparseConv(SparseConvolutionBase, SparseConvForward, WeightedQuantizedModule):
+class _QuantizedState:
+    """State dict of an int8 module, as torch's quantized modules keep it: the qint8 weight itself, the float bias,
+    the output scale and zero point."""
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = self._weight
+        destination[prefix + "bias"] = self._bias
+        destination[prefix + "scale"] = torch.tensor(self.scale)
+        destination[prefix + "zero_point"] = torch.tensor(self.zero_point)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        self.set_weight_bias(state_dict.pop(prefix + "weight"), state_dict.pop(prefix + "bias"))
+        self.scale = float(state_dict.pop(prefix + "scale"))
+        self.zero_point = int(state_dict.pop(prefix + "zero_point"))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, False, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+class _SparseConv(SparseConvolutionBase, SparseConvForward, _QuantizedState, WeightedQuantizedModule):
     _FLOAT_MODULE = SparseConvolution
     _ACT = Activation.None_
 
@@ -70,23 +90,16 @@ class _SparseConv(SparseConvolutionBase, SparseConvForward, WeightedQuantizedMod
             s += ", subm=True"
         return s + f", wqscheme={self._weight.qscheme()}"
 
-    # ---- serialization: the qint8 weight itself, as torch's quantized convs ----
+    # ---- serialization (_QuantizedState) plus the voxel counter ----
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        destination[prefix + "weight"] = self._weight
-        destination[prefix + "bias"] = self._bias
-        destination[prefix + "scale"] = torch.tensor(self.scale)
-        destination[prefix + "zero_point"] = torch.tensor(self.zero_point)
         destination[prefix + "max_voxels"] = self._max_voxels.clone()
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
-        self.set_weight_bias(state_dict.pop(prefix + "weight"), state_dict.pop(prefix + "bias"))
-        self.scale = float(state_dict.pop(prefix + "scale"))
-        self.zero_point = int(state_dict.pop(prefix + "zero_point"))
         if prefix + "max_voxels" in state_dict:
             self._max_voxels = state_dict.pop(prefix + "max_voxels")
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, False, missing_keys, unexpected_keys,
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
     # ---- int8 forward ----
@@ -157,7 +170,7 @@ class SparseConv(_SparseConv):
         return "QuantizedSparseConvolution"
 
 
-class LinearPerChannelWeight(WeightedQuantizedModule):
+class LinearPerChannelWeight(_QuantizedState, WeightedQuantizedModule):
     """int8 linear layer with per-channel weights (torch's native quantized Linear is per-tensor on some
     engines): the int8 kernel of the sparse convs with one offset, so it runs on the CPU and the GPU alike."""
     _FLOAT_MODULE = torch.nn.Linear
@@ -192,21 +205,6 @@ class LinearPerChannelWeight(WeightedQuantizedModule):
         return (f"in_features={self.in_features}, out_features={self.out_features}, scale={self.scale}, "
                 f"zero_point={self.zero_point}, qscheme={self._weight.qscheme()}")
 
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        destination[prefix + "weight"] = self._weight
-        destination[prefix + "bias"] = self._bias
-        destination[prefix + "scale"] = torch.tensor(self.scale)
-        destination[prefix + "zero_point"] = torch.tensor(self.zero_point)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        self.set_weight_bias(state_dict.pop(prefix + "weight"), state_dict.pop(prefix + "bias"))
-        self.scale = float(state_dict.pop(prefix + "scale"))
-        self.zero_point = int(state_dict.pop(prefix + "zero_point"))
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, False, missing_keys, unexpected_keys,
-                                      error_msgs)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_quantized:
             raise TypeError(f"{self._get_name()} takes a qint8 tensor, got {x.dtype}")
@@ -224,11 +222,9 @@ class LinearPerChannelWeight(WeightedQuantizedModule):
 
     @classmethod
     def from_float(cls, mod, use_precomputed_fake_quant: bool = False):
+        act_observer = getattr(mod, "activation_post_process", None)
         if isinstance(mod, nni._FusedModule):
-            act_observer = getattr(mod, "activation_post_process", None)
             mod = mod[0]
-        else:
-            act_observer = getattr(mod, "activation_post_process", None)
         weight_observer = mod.weight_fake_quant if hasattr(mod, "weight_fake_quant") else mod.qconfig.weight()
         weight_observer(mod.weight)
         q = cls(mod.in_features, mod.out_features, mod.bias is not None)
