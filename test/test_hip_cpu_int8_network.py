@@ -4,17 +4,18 @@ import pytest
 import torch
 
 from spconv import _backend
+from spconv.benchmark.routes import forced_native
 from spconv.benchmark.quant_models import (FusibleBlock, ResidualNet, VoxelBackBone8x, image_batch, ptq, random_scene,
                                            train_a_little)
 
 pytestmark = pytest.mark.hip_cpu
 
 
-def _run_both(hip_cpu, converted, inputs):
+def _run_both(hip_cpu, converted, inputs, native=False):
     with torch.no_grad():
         cpu = converted(*inputs)
         before = hip_cpu.host_copy_count()
-        with _backend.gpu_code_on_cpu(hip_cpu.name):
+        with _backend.gpu_code_on_cpu(hip_cpu.name), forced_native(native):
             with torch.profiler.profile() as prof:
                 gpu = converted(*inputs)
         copies = hip_cpu.host_copy_count() - before
@@ -32,6 +33,11 @@ def test_residual_net_int8_through_the_hip_code(hip_cpu):
     assert torch.equal(cpu, gpu)
     assert names.count(hip_cpu.name + "::quantized_conv") == 8
     # one copy per kernel map built (subm at 28x28 shared by three convs, then four strided convs)
+    assert copies == names.count(hip_cpu.name + "::get_indice_pairs")
+    # SPCONV_FORCE_NATIVE: the same bits through gather -> int8 GEMM -> scatter-add, no copy more
+    native, _, copies, names = _run_both(hip_cpu, converted, batches[2], native=True)
+    assert torch.equal(cpu, native)
+    assert names.count(hip_cpu.name + "::quantized_conv") == 0 and "aten::_int_mm" in names
     assert copies == names.count(hip_cpu.name + "::get_indice_pairs")
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compile check of the GPU code without a GPU: every csrc/hip/*.cu with nvcc (sm_80, sm_90) and with hipcc
-# (gfx906, gfx90a), and the GPU glue csrc/ops/gpu/*.cpp with the host C++ compiler against the installed
+# (gfx906, gfx90a), the int8 kernel's body on each target (dp4a sm_75, mma s8 sm_80, sdot4 gfx906, MFMA
+# gfx90a), and the GPU glue csrc/ops/gpu/*.cpp with the host C++ compiler against the installed
 # torch headers (syntax only). Exits non-zero on any error.
 #   NVCC=...  HIPCC=...  CXX=...          compilers (defaults: nvcc from PATH or CUDA_HOME, hipcc, g++)
 #   SPCONV_SKIP_HIPCC=1 / SPCONV_SKIP_NVCC=1  skip one dialect (CI should not)
@@ -73,5 +74,29 @@ status=0
 # Each line: tool file command...; xargs runs JOBS at a time and returns 123 if any failed.
 tr '\n' '\0' <"$jobs_file" | xargs -0 -P "$JOBS" -I{} bash -c 'run_one $1' _ {} || status=1
 # (the line is passed as one word; run_one re-splits it)
-echo "compile_check_gpu: $(wc -l <"$jobs_file") compiles in $(( $(date +%s) - start )) s, status $status"
+
+# The int8 kernel's body per target (the names quantized_conv_path reports at run time): its instruction must be
+# in the device code, so a target that silently fell back to the plain-C body fails here.
+body_check() {  # name target instruction command...
+  local name=$1 target=$2 insn=$3
+  shift 3
+  if "$@" 2>/dev/null | grep -q "$insn"; then
+    echo "ok   int8 body $name on $target ($insn)"
+  else
+    echo "FAIL int8 body $name on $target: no $insn in the device code"
+    status=1
+  fi
+}
+Q=csrc/hip/quantized_conv.cu
+if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ]; then
+  NV="$NVCC -std=c++17 -O3 -x cu --expt-relaxed-constexpr $INC -ptx -o -"
+  body_check dp4a sm_75 dp4a $NV -arch=compute_75 $Q
+  body_check mma_s8 sm_80 "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" $NV -arch=compute_80 $Q
+fi
+if [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ]; then
+  HC="$HIPCC -std=c++17 -O3 -x hip --cuda-device-only -S $INC -o -"
+  body_check sdot4 gfx906 v_dot4_i32_i8 $HC --offload-arch=gfx906 $Q
+  body_check mfma_i8 gfx90a v_mfma_i32_16x16x16i8 $HC --offload-arch=gfx90a $Q
+fi
+echo "compile_check_gpu: $(wc -l <"$jobs_file") compiles and the int8 bodies in $(( $(date +%s) - start )) s, status $status"
 exit $status

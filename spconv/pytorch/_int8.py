@@ -1,4 +1,6 @@
-"""int8 inference of the quantized layers (``spconv.pytorch.quantization``): one op, ``quantized_conv``.
+"""int8 inference of the quantized layers (``spconv.pytorch.quantization``): the op ``quantized_conv`` (CPU, and
+the GPU's fused route), or on a GPU with SPCONV_FORCE_NATIVE gather -> ``torch._int_mm`` -> int32 scatter-add ->
+the same epilogue in torch ops; both give the same bits.
 
 The layers keep torch's quantized tensors (``torch.qint8``, per-tensor symmetric activations, per-channel
 weights) as spconv 2.x does, so ``q_scale()``, ``dequantize()`` and torch's FX quantization passes work on them.
@@ -18,6 +20,7 @@ import torch
 
 from spconv import _backend
 from spconv.pytorch import _fused, ops, pair_rounds
+from spconv.pytorch.core import PairMaps, map_info_of
 
 ACTIVATIONS = {"None_": 0, "ReLU": 1, "LeakyReLU": 2}
 
@@ -92,16 +95,20 @@ def identity_table(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, dtype=torch.int32, device=device).view(n, 1)
 
 
-def conv(features: torch.Tensor, filters: torch.Tensor, nbr: torch.Tensor, channel_scale: torch.Tensor,
-         bias: Optional[torch.Tensor], output_scale: float, residual: Optional[torch.Tensor], activation: str,
-         alpha: float, map_info: Optional[torch.Tensor] = None) -> torch.Tensor:
+def conv(features: torch.Tensor, filters: torch.Tensor, maps: Optional[PairMaps], num_out: int,
+         channel_scale: torch.Tensor, bias: Optional[torch.Tensor], output_scale: float,
+         residual: Optional[torch.Tensor], activation: str, alpha: float) -> torch.Tensor:
     """qint8 features [N, Cin] -> qint8 [num_out, Cout] with scale ``output_scale``.
 
+    ``maps``: the layer's kernel map, None for a 1x1 convolution (output row r reads input row r).
     ``channel_scale = input_scale * weight_scales / output_scale`` and ``bias`` already divided by
-    ``output_scale`` (spconv 2.x's arguments); ``residual``: a qint8 tensor added before the activation."""
+    ``output_scale`` (spconv 2.x's arguments); ``residual``: a qint8 tensor added before the activation.
+    The route follows the float convs' policy: the table kernel (``quantized_conv``) on the CPU and on the
+    GPU's fused route; with SPCONV_FORCE_NATIVE on a GPU, gather -> vendor int8 GEMM -> int32 scatter-add ->
+    the same epilogue. Both give the same bits (exact integer sums, one rounding order)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"int8 layers support the activations {sorted(ACTIVATIONS)}, got {activation}")
-    x = int_view(features)
+    x = int_view(features).contiguous()
     dev = x.device
     scale = channel_scale.to(device=dev, dtype=torch.float32).contiguous()
     b = None if bias is None else bias.detach().to(device=dev, dtype=torch.float32).contiguous()
@@ -109,9 +116,78 @@ def conv(features: torch.Tensor, filters: torch.Tensor, nbr: torch.Tensor, chann
     if residual is not None:
         res = int_view(residual).contiguous()
         res_scale = float(residual.q_scale()) / float(output_scale)
-    out = _backend.ops.quantized_conv(x.contiguous(), filters, nbr, scale, b, res, res_scale,
-                                      ACTIVATIONS[activation], float(alpha), map_info)
+    if maps is not None:
+        maps = maps.to(dev)
+    if route(dev) == "native":
+        out = _native_conv(x, filters, maps, num_out, scale, b, res, res_scale, ACTIVATIONS[activation], alpha)
+    else:
+        nbr = identity_table(x.shape[0], dev) if maps is None else neighbour_table(maps)
+        out = _backend.ops.quantized_conv(x, filters, nbr, scale, b, res, res_scale, ACTIVATIONS[activation],
+                                          float(alpha), map_info_of(maps))
     return as_qint8(out, output_scale)
+
+
+def route(device: torch.device) -> str:
+    """The int8 route for tensors on ``device``: "cpu" (the CPU kernel), "fused" (the GPU table kernel) or
+    "native" (the GPU code with SPCONV_FORCE_NATIVE: gather, vendor int8 GEMM, scatter-add, epilogue)."""
+    if not _backend.runs_gpu_code(device):
+        return "cpu"
+    return "fused" if _backend.fused_route_enabled(device) else "native"
+
+
+# ---- the native GPU route ----
+def _native_conv(x, filters, maps, num_out, scale, bias, residual, residual_scale, activation, alpha):
+    kvol, cin, cout = filters.shape
+    if filters.dtype != torch.int8 or x.shape[1] != cin:
+        raise ValueError(f"quantized_conv: filters must be int8 [kvol, {x.shape[1]}, Cout], got "
+                         f"{filters.dtype} {list(filters.shape)}")
+    if maps is None:
+        return epilogue(int_mm(x, filters[0]), scale, bias, residual, residual_scale, activation, alpha)
+    rounds = len(pair_rounds.split_rounds(maps))
+    if kvol * rounds * cin >= 1 << 17:  # the table kernel's bound: |sum| < 2^31
+        raise ValueError(f"quantized_conv: {kvol * rounds} products of {cin} channels per output could overflow "
+                         "the int32 sum (kvol * rounds * Cin must stay below 2^17)")
+    offsets = (maps.info[:kvol + 1] if maps.info is not None else maps.pair_offsets.cpu()).tolist()
+    acc = torch.zeros((num_out, cout), dtype=torch.int32, device=x.device)
+    for k in range(kvol):
+        lo, hi = offsets[k], offsets[k + 1]
+        if hi > lo:
+            rows = x.index_select(0, maps.pair_in[lo:hi].long())
+            acc.index_add_(0, maps.pair_out[lo:hi].long(), int_mm(rows, filters[k]))
+    return epilogue(acc, scale, bias, residual, residual_scale, activation, alpha)
+
+
+def int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact int8 [m, k] @ int8 [k, n] -> int32 through the vendor GEMM (``torch._int_mm``); on a GPU it
+    needs m > 16 and k, n multiples of 8, so the operands are padded with zero rows and columns there."""
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0:
+        return torch.zeros((m, n), dtype=torch.int32, device=a.device)
+    if a.device.type == "cpu":
+        return torch._int_mm(a.contiguous(), b.contiguous())
+    pm, pk, pn = max(m, 17), -(-k // 8) * 8, -(-n // 8) * 8
+    if (pm, pk, pn) != (m, k, n):
+        a = torch.nn.functional.pad(a, (0, pk - k, 0, pm - m))
+        b = torch.nn.functional.pad(b, (0, pn - n, 0, pk - k))
+    return torch._int_mm(a.contiguous(), b.contiguous())[:m, :n]
+
+
+def epilogue(acc: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+             residual_scale: float, activation: int, alpha: float) -> torch.Tensor:
+    """``quantized_conv``'s epilogue (csrc/ops/schema.cpp) in torch ops: each one rounds on its own, in the
+    kernel's order, so the int8 result is the kernel's bit for bit."""
+    v = acc.to(torch.float32) * scale
+    if bias is not None:
+        v = v + bias
+    if residual is not None:
+        v = v + residual.to(torch.float32) * residual_scale
+    if activation == 1:
+        v = torch.where(v < 0, torch.zeros_like(v), v)
+    elif activation == 2:
+        v = torch.where(v < 0, v * alpha, v)
+    v = torch.nan_to_num(torch.round(v), nan=0.0)  # ties to even; NaN -> 0 as the kernel's cast
+    return torch.clamp(v, -128, 127).to(torch.int8)
 
 
 def kernel_path(features: torch.Tensor) -> str:

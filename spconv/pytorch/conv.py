@@ -20,7 +20,7 @@ from spconv.core import Activation, ConvAlgo
 from spconv.pytorch import _checkpoint, _grouped, _int8, ops
 # ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
 from spconv.pytorch.core import (ImplicitGemmIndiceData, IndiceData, SparseConvTensor,  # noqa: F401
-                                 check_unique_indices, expand_nd, map_info_of)
+                                 check_unique_indices, expand_nd)
 from spconv.pytorch._symsize import check_equal
 from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
 from spconv.pytorch.functional import conv_features, weight_to_filters
@@ -196,8 +196,8 @@ class SparseConvForward:
         restore = self.inverse and input.find_indice_pair(self.indice_key) is not None
         if self.conv1x1 and not restore:
             if int8:
-                out = self._int8_conv(features, weight, _int8.identity_table(features.shape[0], features.device),
-                                      channel_scale, bias, output_scale, add_input, act, alpha, None, True)
+                out = self._int8_conv(features, weight, None, features.shape[0], channel_scale, bias, output_scale,
+                                      add_input, act, alpha, True)
             elif self.groups != 1:
                 out = _grouped.conv1x1_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups))
                 out = self._finish(out, bias, add_input, act, alpha)
@@ -243,8 +243,8 @@ class SparseConvForward:
         if counter is not None:  # spconv 2.x records in training and inference alike
             ops.maximum_value_int_(counter, outids.shape[0])
         if int8:
-            out = self._int8_conv(features, weight, _int8.neighbour_table(maps), channel_scale, bias, output_scale,
-                                  add_input, act, alpha, map_info_of(maps))
+            out = self._int8_conv(features, weight, maps, outids.shape[0], channel_scale, bias, output_scale,
+                                  add_input, act, alpha)
         else:
             if self.groups != 1:
                 out = _grouped.conv_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups), maps,
@@ -254,8 +254,8 @@ class SparseConvForward:
             out = self._finish(out, bias, add_input, act, alpha)
         return input.with_structure(out, outids, out_spatial_shape, indice_dict)
 
-    def _int8_conv(self, features, qweight, nbr, channel_scale, bias, output_scale, add_input, act, alpha,
-                   map_info, plain_1x1: bool = False) -> torch.Tensor:
+    def _int8_conv(self, features, qweight, maps, num_out, channel_scale, bias, output_scale, add_input, act, alpha,
+                   plain_1x1: bool = False) -> torch.Tensor:
         cached = getattr(self, "_int8_filters_cache", None)
         if cached is None or cached[0] is not qweight:  # the int8 [kvol, Cin, Cout] filters, once per weight
             if plain_1x1:
@@ -268,8 +268,8 @@ class SparseConvForward:
         if cached[2] is not None:  # the 1x1 matrix's own column scales replace the stored weight's
             channel_scale = channel_scale.to(features.device) * cached[2]
         residual = None if add_input is None else add_input.features
-        return _int8.conv(features, cached[1], nbr, channel_scale, bias, output_scale, residual, act, alpha,
-                          map_info)
+        return _int8.conv(features, cached[1], maps, num_out, channel_scale, bias, output_scale, residual, act,
+                          alpha)
 
     def _check_subm_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
         key = self.indice_key

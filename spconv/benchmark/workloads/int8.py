@@ -11,7 +11,7 @@ import spconv.pytorch as sp
 from spconv.benchmark.flops import ConvLayer
 from spconv.benchmark.results import Check
 from spconv.benchmark.network import build_basic_net
-from spconv.benchmark.routes import Route, available_routes, chosen_route_name
+from spconv.benchmark.routes import Route, available_routes, chosen_route_name, forced_native
 from spconv.benchmark.timing import time_fn
 from spconv.benchmark.workloads.common import Context, Task, measurement, sparse_tensor
 from spconv.pytorch import _int8
@@ -28,7 +28,12 @@ def tasks(ctx: Context) -> List[Task]:
     chosen = chosen_route_name(ctx.device)
     scan = functools.partial(basic_scan, ctx.data, ctx.quick, ctx.seed)
     return [Task(f"layers int8 {route.name}", functools.partial(_run, ctx, scan, route, route.name == chosen))
-            for route in available_routes(ctx.device, with_cpu=ctx.with_cpu_route) if not route.force_native]
+            for route in available_routes(ctx.device, with_cpu=ctx.with_cpu_route)]
+
+
+def _run(ctx: Context, scan, route: Route, chosen: bool):
+    with forced_native(route.force_native):
+        _rows(ctx, scan, route, chosen)
 
 
 def quantize_layer(conv, out_scale: float) -> QSparseConv:
@@ -57,7 +62,7 @@ def quantize_net(net, x):
     return sp.SparseSequential(*mods), in_scale
 
 
-def _run(ctx: Context, scan, route: Route, chosen: bool):
+def _rows(ctx: Context, scan, route: Route, chosen: bool):
     s = scan()
     device = route.device
     gen = torch.Generator(device="cpu").manual_seed(ctx.seed)
@@ -90,7 +95,8 @@ def _run(ctx: Context, scan, route: Route, chosen: bool):
     ctx.record.checks.append(Check("layers", f"int8 subm {C}->{C} {route.name} vs fp32 (relative L2)",
                                    float((got - ref).norm() / ref.norm()), 0.05, f"{n} voxels"))
     gops = 2 * pairs * C * C / (int8.median / 1e3) / 1e9
-    path = _int8.kernel_path(torch.zeros(1, 1, dtype=torch.int8, device=device))
+    path = ("gather, torch._int_mm, scatter-add" if _int8.route(device) == "native"
+            else _int8.kernel_path(torch.zeros(1, 1, dtype=torch.int8, device=device)))
     ctx.note(f"int8 ({route.name}, {path}): SubM 3x3x3 {C}->{C} N={n} map cached: fp32 {fp32.median:.2f} ms, int8 "
              f"{int8.median:.2f} ms = {fp32.median / int8.median:.2f}x faster, {gops:.0f} GOP/s = "
              f"{gops / peak:.2f}x the fp32 peak ({peak:.0f} GFLOP/s, torch.mm 2048^3 this run)")
@@ -112,7 +118,8 @@ def _run(ctx: Context, scan, route: Route, chosen: bool):
     ctx.note(f"int8 ({route.name}): basic network forward N={n}: fp32 {f32.median:.1f} ms, int8 {i8.median:.1f} ms "
              f"= {f32.median / i8.median:.2f}x faster (maps built in both); int8 vs fp32 output relative L2 "
              f"{err:.4f} (scales from one fp32 pass, no calibration)")
-    accuracy(ctx, s)
+    if chosen:  # the same bits on every route: measured once
+        accuracy(ctx, s)
 
 
 def _batch(feats, idx):
@@ -139,7 +146,7 @@ def accuracy(ctx: Context, s) -> None:
     network's) and an OpenPCDet-style VoxelBackBone8x after a few
     optimizer steps on the scan, both calibrated on its quadrants."""
     from spconv.benchmark.quant_models import BasicNetPTQ, VoxelBackBone8x, ptq, train_a_little, unit_scale_layers
-    from spconv.pytorch.quantization.compare import layer_errors
+    from spconv.pytorch.quantization import compare
     calib = _quadrants(s)
     full = _batch(s.features, s.indices)
     torch.manual_seed(ctx.seed)
@@ -149,8 +156,15 @@ def accuracy(ctx: Context, s) -> None:
         nets["VoxelBackBone8x"] = train_a_little(backbone, [full] * 3, steps=3)
     for name, net in nets.items():
         prepared, converted = ptq(net, calib)
-        errs = layer_errors(prepared, converted, *full)
+        errs = compare.layer_errors(prepared, converted, *full)
+        alone = compare.isolated_layer_errors(prepared, converted, *full)
+        floors = compare.quantization_floors(prepared, converted, *full)
         worst = max(errs, key=errs.get)
+
+        def row(e):
+            return " ".join(f"{v:.4f}" for v in e.values())
         ctx.note(f"int8 PTQ {name} ({len(errs)} int8 layers, calibrated on the scan's {len(calib)} quadrants, "
-                 "evaluated on all of it): per-layer relative L2 vs fp32 "
-                 + " ".join(f"{e:.4f}" for e in errs.values()) + f"; worst {errs[worst]:.4f} ({worst})")
+                 f"evaluated on all of it): per-layer relative L2 vs fp32 {row(errs)}; worst {errs[worst]:.4f} "
+                 f"({worst}); each layer alone (fed the float input) {row(alone)}; floor (the float output rounded "
+                 f"at its best per-tensor int8 scale) {row(floors)}; worst alone / its floor "
+                 f"{max(alone[n] / max(floors[n], 1e-12) for n in alone):.2f}")
