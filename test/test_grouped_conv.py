@@ -274,6 +274,18 @@ def test_opcheck(cin, cout, groups):
                           (feats.detach(), filters.detach(), dy, *pairs))
 
 
+@pytest.mark.parametrize("cig", [3, 16])  # 16: the bucketed forward of wide groups (AVX-512 CPUs)
+def test_table_entries_out_of_range_raise(cig):
+    feats, filters, _, nbr, nbr_t = _ops_case(cin=4 * cig, cout=64)
+    good = torch.ops.spconv.grouped_conv(feats, filters, nbr, nbr_t)
+    for value in (feats.shape[0], -5):
+        bad = nbr.clone()
+        bad[-1, 3] = value
+        with pytest.raises(ValueError, match="nbr holds rows outside"):
+            torch.ops.spconv.grouped_conv(feats, filters, bad, nbr_t)
+    assert torch.equal(torch.ops.spconv.grouped_conv(feats, filters, nbr, nbr_t), good)
+
+
 def test_ops_bad_input_raise():
     feats, filters, maps, nbr, nbr_t = _ops_case()
     op = torch.ops.spconv.grouped_conv

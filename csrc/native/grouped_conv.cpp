@@ -543,18 +543,21 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
 // 128 rows: the block's gathered input rows stay in L2 across its offsets (measured: 128 beat 64, 256, 1024).
 constexpr int64_t kBucketBlockRows = 128;
 
-// Pairs [0, m) of one offset and group, columns [t0, t0 + 16 * NV): y[dst[p]] += x[src[p]]_g @ w_g.
-template <int NV>
+// Pairs [0, m) of one offset and group, columns [t0, t0 + 16 * NV): y[dst[p]] += x[src[p]]_g @ w_g, R pairs
+// at a time sharing each filter load (R * NV accumulators). The last tile repeats its first pair in the unused
+// rows and stores only the valid ones. Every element sums its cig products in order, then is added to its row:
+// the tile size does not change the bits.
+template <int NV, int R>
 SPCONV_TARGET_AVX512 void bucket_tile512(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog,
                                          const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff,
                                          int64_t yoff, int64_t cout, float* y) {
-  int64_t p = 0;
-  for (; p + 4 <= m; p += 4) {
-    __m512 acc[4][NV];
-    const float* xr[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      xr[i] = x + int64_t{src[p + i]} * cin + xoff;
+  for (int64_t p = 0; p < m; p += R) {
+    const int64_t rows = std::min<int64_t>(R, m - p);
+    __m512 acc[R][NV];
+    const float* xr[R];
+#pragma GCC unroll 12
+    for (int i = 0; i < R; ++i) {
+      xr[i] = x + int64_t{src[p + (i < rows ? i : 0)]} * cin + xoff;
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
     }
@@ -562,39 +565,26 @@ SPCONV_TARGET_AVX512 void bucket_tile512(const float* x, int64_t cin, const floa
       __m512 wv[NV];
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(wg + c * cog + 16 * v);
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
+#pragma GCC unroll 12
+      for (int i = 0; i < R; ++i) {
         const __m512 xb = _mm512_set1_ps(xr[i][c]);
 #pragma GCC unroll 4
         for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(xb, wv[v], acc[i][v]);
       }
     }
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < rows; ++i) {
       float* yr = y + int64_t{dst[p + i]} * cout + yoff;
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) _mm512_storeu_ps(yr + 16 * v, _mm512_add_ps(_mm512_loadu_ps(yr + 16 * v), acc[i][v]));
     }
   }
-  for (; p < m; ++p) {  // the same chain of FMAs per pair as above: the same bits
-    __m512 acc[NV];
-    const float* xr = x + int64_t{src[p]} * cin + xoff;
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < cig; ++c) {
-      const __m512 xb = _mm512_set1_ps(xr[c]);
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[v] = _mm512_fmadd_ps(xb, _mm512_loadu_ps(wg + c * cog + 16 * v), acc[v]);
-    }
-    float* yr = y + int64_t{dst[p]} * cout + yoff;
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(yr + 16 * v, _mm512_add_ps(_mm512_loadu_ps(yr + 16 * v), acc[v]));
-  }
 }
 
 using BucketTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const int32_t*, const int32_t*,
                             int64_t, int64_t, int64_t, int64_t, float*);
-constexpr BucketTile kBucketTiles[] = {bucket_tile512<1>, bucket_tile512<2>, bucket_tile512<3>, bucket_tile512<4>};
+// [NV - 1]: about 24 accumulators of the 32 registers, NV for the filter vectors.
+constexpr BucketTile kBucketTiles[] = {bucket_tile512<1, 4>, bucket_tile512<2, 8>, bucket_tile512<3, 8>,
+                                       bucket_tile512<4, 6>};
 
 bool forward_bucketed(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
                       float* y) {
@@ -605,22 +595,44 @@ bool forward_bucketed(const float* x, const float* w, int64_t G, int64_t cig, in
     return [&, start = std::vector<int64_t>(kvol + 1), cur = std::vector<int64_t>(kvol), dst = std::vector<int32_t>(),
             src = std::vector<int32_t>()](int64_t b) mutable {
       const int64_t r0 = b * kBucketBlockRows, r1 = std::min(s.rows, r0 + kBucketBlockRows);
-      std::fill(start.begin(), start.end(), 0);
-      if (!walk_rows(s, r0, r1, [&](int64_t, const PairList& l) {
-            for (int64_t j = 0; j < l.n; ++j) ++start[l.offset[j] + 1];
-          }))
-        ok = false;
-      for (int64_t k = 0; k < kvol; ++k) start[k + 1] += start[k];
-      dst.resize(start[kvol]);
-      src.resize(start[kvol]);
-      std::copy(start.begin(), start.end() - 1, cur.begin());
-      walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
-        for (int64_t j = 0; j < l.n; ++j) {
-          const int64_t slot = cur[l.offset[j]]++;
-          dst[slot] = static_cast<int32_t>(r);
-          src[slot] = l.other[j];
+      if (s.table != nullptr) {
+        // One pass over the block's table, column by column (the block's rows stay in L1): branch-free, as
+        // walk_rows; entries outside [-1, n_other) are skipped and flagged.
+        dst.resize((r1 - r0) * kvol);
+        src.resize((r1 - r0) * kvol);
+        int64_t n = 0;
+        bool bad = false;
+        for (int64_t k = 0; k < kvol; ++k) {
+          start[k] = n;
+          const int32_t* col = s.table + r0 * kvol + k;
+          for (int64_t r = r0; r < r1; ++r, col += kvol) {
+            const int32_t v = *col;
+            const bool valid = v >= 0 && v < s.n_other;
+            bad |= !valid && v != -1;
+            dst[n] = static_cast<int32_t>(r);
+            src[n] = v;
+            n += valid;
+          }
         }
-      });
+        start[kvol] = n;
+        if (bad) ok = false;
+      } else {
+        std::fill(start.begin(), start.end(), 0);
+        walk_rows(s, r0, r1, [&](int64_t, const PairList& l) {
+          for (int64_t j = 0; j < l.n; ++j) ++start[l.offset[j] + 1];
+        });
+        for (int64_t k = 0; k < kvol; ++k) start[k + 1] += start[k];
+        dst.resize(start[kvol]);
+        src.resize(start[kvol]);
+        std::copy(start.begin(), start.end() - 1, cur.begin());
+        walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+          for (int64_t j = 0; j < l.n; ++j) {
+            const int64_t slot = cur[l.offset[j]]++;
+            dst[slot] = static_cast<int32_t>(r);
+            src[slot] = l.other[j];
+          }
+        });
+      }
       // The block's source rows, requested before the products need them (measured: about 10% faster on a
       // real scan; the gather order is data, which the hardware prefetcher can't follow).
       for (int64_t j = 0; j < start[kvol]; ++j) {
