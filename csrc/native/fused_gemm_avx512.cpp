@@ -1,8 +1,6 @@
-#include "fused_gemm_avx512.h"
+#include "fused_gemm.h"
 
 #include <algorithm>
-
-#include "simd.h"
 
 #if SPCONV_HAVE_AVX2_PATH
 #include <immintrin.h>
@@ -51,10 +49,6 @@ SPCONV_TARGET_AVX512F void columns(const float* x, int64_t cin, const int32_t* g
 
 }  // namespace
 
-bool fused_gemm_avx512_ok(int64_t cin, int64_t cout) {
-  return cpu_has_avx512f() && cout % 16 == 0 && cout > 0 && cin > 0;
-}
-
 void fused_gather_gemm_scatter_avx512(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
                                       int64_t m, const float* w, int64_t cout, float* y) {
   // 64 channels per pass; the rest in a narrower pass. The gathered rows of a pass stay in L1 for the next.
@@ -68,7 +62,6 @@ void fused_gather_gemm_scatter_avx512(const float* x, int64_t cin, const int32_t
   }
 }
 #else
-bool fused_gemm_avx512_ok(int64_t, int64_t) { return false; }
 void fused_gather_gemm_scatter_avx512(const float*, int64_t, const int32_t*, const int32_t*, int64_t, const float*,
                                       int64_t, float*) {}
 #endif

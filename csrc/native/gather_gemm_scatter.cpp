@@ -1,7 +1,7 @@
 #include "gather_gemm_scatter.h"
 
 #include "direct_conv.h"
-#include "fused_gemm_avx512.h"
+#include "fused_gemm.h"
 #include "one_thread_gemm.h"
 #include "run_tasks.h"
 #include "split_k.h"
@@ -155,9 +155,9 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   std::vector<int64_t> work(blocks.n_blocks);
   for (int64_t b = 0; b < blocks.n_blocks; ++b) work[b] = blocks.start[(b + 1) * kvol] - blocks.start[b * kvol];
   const std::vector<int64_t> order = longest_first(work);
-  // FP32 on AVX-512: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
+  // FP32 on AVX-512 / AVX2: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
   const bool fused_kernel = src.scalar_type() == at::kFloat && fused_cpu_gemm_enabled() &&
-                            fused_gemm_avx512_ok(c_src, c_dst);
+                            fused_gemm_ok(c_src, c_dst);
   // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput.
   const at::Tensor w_rows =
       fused_kernel ? (transpose_w ? weights.transpose(1, 2) : weights).contiguous() : at::Tensor();
@@ -180,10 +180,10 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
           }
           const int64_t begin = blocks.begin(b, k, kvol), count = blocks.count(b, k, kvol);
           if (fused_kernel) {  // float only: the casts are no-ops
-            fused_gather_gemm_scatter_avx512(reinterpret_cast<const float*>(x), c_src, blocks.other.data() + begin,
-                                             blocks.key.data() + begin, count,
-                                             w_rows.const_data_ptr<float>() + k * c_src * c_dst,
-                                             c_dst, reinterpret_cast<float*>(y));
+            fused_gather_gemm_scatter(reinterpret_cast<const float*>(x), c_src, blocks.other.data() + begin,
+                                      blocks.key.data() + begin, count,
+                                      w_rows.const_data_ptr<float>() + k * c_src * c_dst, c_dst,
+                                      reinterpret_cast<float*>(y));
             continue;
           }
           for (int64_t c0 = 0; c0 < count; c0 += rows) {

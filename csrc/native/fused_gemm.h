@@ -1,0 +1,36 @@
+// Gather-GEMM-scatter in one pass for FP32 on x86: y[scatter[p]] += x[gather[p]] @ w for the m pairs of one
+// kernel offset, w [cin, cout] row-major. Register tiles of a few pairs x up to 64 output channels read the
+// gathered rows straight into the multiply and add each tile into its destination rows once: no gather buffer,
+// no second pass. Each output element sums its cin products in order, then is added to y: the bits depend on
+// the sizes only (and on the instruction set: AVX-512 and AVX2 tile the columns alike, so they agree too).
+#pragma once
+#include <cstdint>
+
+#include "simd.h"
+
+namespace spconv {
+namespace native {
+
+// AVX-512 (cout a multiple of 16): tiles of 6 pairs x 64 channels.
+void fused_gather_gemm_scatter_avx512(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
+                                      int64_t m, const float* w, int64_t cout, float* y);
+// AVX2 (cout a multiple of 8): tiles of 6 pairs x 16 channels (12 of the 16 registers accumulate).
+void fused_gather_gemm_scatter_avx2(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
+                                    int64_t m, const float* w, int64_t cout, float* y);
+
+// True when this CPU has a kernel for the shape.
+inline bool fused_gemm_ok(int64_t cin, int64_t cout) {
+  if (cin <= 0 || cout <= 0) return false;
+  return (cpu_has_avx512f() && cout % 16 == 0) || (cpu_has_avx2_fma() && cout % 8 == 0);
+}
+
+inline void fused_gather_gemm_scatter(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
+                                      int64_t m, const float* w, int64_t cout, float* y) {
+  if (cpu_has_avx512f() && cout % 16 == 0)
+    fused_gather_gemm_scatter_avx512(x, cin, gather, scatter, m, w, cout, y);
+  else
+    fused_gather_gemm_scatter_avx2(x, cin, gather, scatter, m, w, cout, y);
+}
+
+}  // namespace native
+}  // namespace spconv
