@@ -22,6 +22,10 @@ from spconv.benchmark.timing import Plan, busy_load, default_plan
 from spconv.benchmark.workloads import basic, indices, layers
 from spconv.benchmark.workloads.common import DTYPES, Context
 
+# Settings read from the environment that change which code runs or how fast (recorded in the command line).
+ENV_VARS = ("SPCONV_FORCE_NATIVE", "SPCONV_CPU_ISA", "SPCONV_FUSED_CPU_GEMM", "MKL_ENABLE_INSTRUCTIONS",
+            "THP_MEM_ALLOC_ENABLE", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
 WORKLOADS = ("basic", "large", "layers", "indices")
 
 
@@ -116,10 +120,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     plan = Plan(plan.warmup if args.warmup is None else args.warmup, plan.iters if args.iters is None else args.iters)
     record = Record()
     info = spconv.build_info()
+    # The environment variables that change what runs, written before the command as a shell would take them.
+    env = " ".join(f"{k}={shlex.quote(os.environ[k])}" for k in ENV_VARS if os.environ.get(k))
     record.meta = {
         "version": spconv.__version__, "date": datetime.datetime.now(datetime.timezone.utc).strftime(
-            "%Y-%m-%d %H:%M UTC"), "command": "python -m spconv.benchmark " + shlex.join(sys.argv[1:] if argv is None
-                                                                                     else argv),
+            "%Y-%m-%d %H:%M UTC"), "command": (env + " " if env else "") + "python -m spconv.benchmark "
+        + shlex.join(sys.argv[1:] if argv is None else argv),
         "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "backends": ",".join(info.get("backends", [])),
         "chosen_route": chosen_route_name(device),
