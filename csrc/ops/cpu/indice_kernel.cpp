@@ -2,6 +2,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <cstring>
+
 #include "../checks.h"
 #include "../../native/indice_pairs.h"
 
@@ -27,7 +29,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     int64_t dup = native::build_subm_map(ip, n, g, map);
     TORCH_CHECK_VALUE(dup < 0, "indices row ", dup, " repeats the coordinate of an earlier row; "
                       "submanifold convolution needs unique coordinates");
-    out_indices = indices.clone();  // an op output may not alias its input (schema)
+    // An op output may not alias its input (schema): a copy, on this thread (ATen's parallel copy would start
+    // a parallel region for a few hundred kilobytes).
+    out_indices = at::empty_like(indices, at::MemoryFormat::Contiguous);
+    std::memcpy(out_indices.mutable_data_ptr<int32_t>(), ip, static_cast<size_t>(indices.numel()) * sizeof(int32_t));
   } else {
     native::build_conv_map(ip, n, g, transpose, map);
     out_indices = at::empty({map.num_out, ndim + 1}, indices.options());
