@@ -9,6 +9,7 @@
 #include "../grouped_checks.h"
 #include "../../native/grouped_conv.h"
 #include "../../native/pairs_by_row.h"
+#include "large_outputs.h"
 
 namespace spconv {
 namespace ops {
@@ -47,7 +48,7 @@ at::Tensor grouped_conv_cpu(const at::Tensor& features, const at::Tensor& filter
   table_rows_bounded(nbr, features.size(0), map_info, /*reversed=*/false);
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous(), w = filters.to(ct).contiguous(), nb = nbr.contiguous();
-  at::Tensor y = at::empty({nb.size(0), w.size(1) * w.size(3)}, x.options());
+  at::Tensor y = empty_output({nb.size(0), w.size(1) * w.size(3)}, x.options());
   check_table_entries(native::grouped_forward(x, w, table_rows(nb, x.size(0)), y), "nbr", x.size(0));
   return y.to(features.scalar_type());
 }
@@ -60,7 +61,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_conv_backward_cpu(const at::Tensor& f
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous(), dy = out_grad.to(ct).contiguous(), nb = nbr_t.contiguous();
   at::Tensor wt = filters.to(ct).transpose(2, 3).contiguous();
-  at::Tensor dx = at::empty_like(x), dw = at::empty(filters.sizes(), x.options());
+  at::Tensor dx = empty_output(x.sizes(), x.options()), dw = at::empty(filters.sizes(), x.options());
   check_table_entries(native::grouped_backward(x, wt, dy, table_rows(nb, dy.size(0)), dx, dw), "nbr_t",
                       dy.size(0));
   return {dx.to(features.scalar_type()), dw.to(filters.scalar_type())};
@@ -78,7 +79,7 @@ at::Tensor indice_conv_grouped_cpu(const at::Tensor& features, const at::Tensor&
   const native::PairsByRow g = native::group_pairs_by_row(pout.const_data_ptr<int32_t>(),
                                                           pin.const_data_ptr<int32_t>(),
                                                           po.const_data_ptr<int64_t>(), kvol, num_out);
-  at::Tensor y = at::empty({num_out, w.size(1) * w.size(3)}, x.options());
+  at::Tensor y = empty_output({num_out, w.size(1) * w.size(3)}, x.options());
   native::grouped_forward(x, w, csr_rows(g, num_out, kvol, x.size(0)), y);
   return y.to(features.scalar_type());
 }
@@ -100,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_grouped_backward_cpu(const at::Te
   const native::PairsByRow g = native::group_pairs_by_row(pin.const_data_ptr<int32_t>(),
                                                           pout.const_data_ptr<int32_t>(),
                                                           po.const_data_ptr<int64_t>(), kvol, x.size(0));
-  at::Tensor dx = at::empty_like(x), dw = at::empty(filters.sizes(), x.options());
+  at::Tensor dx = empty_output(x.sizes(), x.options()), dw = at::empty(filters.sizes(), x.options());
   native::grouped_backward(x, wt, dy, csr_rows(g, x.size(0), kvol, dy.size(0)), dx, dw);
   return {dx.to(features.scalar_type()), dw.to(filters.scalar_type())};
 }

@@ -6,6 +6,7 @@
 
 #include "../checks.h"
 #include "../../native/pool.h"
+#include "large_outputs.h"
 
 namespace spconv {
 namespace ops {
@@ -27,7 +28,7 @@ PoolOperands pool_operands(const at::Tensor& features, const at::Tensor& pair_in
   check_pair_rows(o.pin, o.pout, o.po, features.size(0), num_out, map_info);
   const auto t = features.scalar_type();
   o.x = (t == at::kChar ? features : features.to(compute_type(t))).contiguous();
-  o.out = at::zeros({num_out, features.size(1)}, o.x.options());
+  o.out = zeros_output({num_out, features.size(1)}, o.x.options());
   return o;
 }
 
@@ -55,7 +56,7 @@ at::Tensor indice_maxpool_backward_cpu(const at::Tensor& features, const at::Ten
   at::Tensor x = features.to(ct).contiguous();
   at::Tensor y = out_features.to(ct).contiguous();
   at::Tensor dy = out_grad.to(ct).contiguous();
-  at::Tensor dx = at::zeros_like(x);
+  at::Tensor dx = zeros_output(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES(ct, "indice_maxpool_backward", [&] {
     native::maxpool_backward<scalar_t>(x.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(),
                                        dy.const_data_ptr<scalar_t>(), x.size(1), x.size(0), y.size(0),
@@ -95,7 +96,7 @@ at::Tensor indice_avgpool_backward_cpu(const at::Tensor& out_grad, const at::Ten
   }
   const auto ct = compute_type(out_grad.scalar_type());
   at::Tensor dy = out_grad.to(ct).contiguous();
-  at::Tensor dx = at::zeros({num_in, out_grad.size(1)}, dy.options());
+  at::Tensor dx = zeros_output({num_in, out_grad.size(1)}, dy.options());
   AT_DISPATCH_FLOATING_TYPES(ct, "indice_avgpool_backward", [&] {
     native::avgpool_backward<scalar_t>(dy.const_data_ptr<scalar_t>(), cnt.const_data_ptr<int32_t>(), dy.size(1),
                                        num_in, pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),

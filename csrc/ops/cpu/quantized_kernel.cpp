@@ -7,6 +7,7 @@
 
 #include "../quantized_checks.h"
 #include "../../native/int8_conv.h"
+#include "large_outputs.h"
 
 namespace spconv {
 namespace ops {
@@ -22,7 +23,7 @@ at::Tensor quantized_conv_cpu(const at::Tensor& features, const at::Tensor& filt
   const at::Tensor sc = scale.contiguous();
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
   const at::Tensor res = residual ? residual->contiguous() : at::Tensor();
-  at::Tensor out = at::empty({nb.size(0), w.size(2)}, x.options());
+  at::Tensor out = empty_output({nb.size(0), w.size(2)}, x.options());
   if (out.numel() == 0) return out;
   native::Int8Conv a;
   a.x = x.const_data_ptr<int8_t>();
