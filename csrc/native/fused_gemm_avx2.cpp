@@ -1,6 +1,6 @@
-#include <algorithm>
-
 #include "fused_gemm.h"
+
+#include <algorithm>
 
 #if SPCONV_HAVE_AVX2_PATH
 #include <immintrin.h>
