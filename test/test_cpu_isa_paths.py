@@ -65,11 +65,14 @@ def test_instruction_set_paths_agree(tmp_path):
     generic = run_under("generic", tmp_path)
     assert avx2.pop("cpu_isa") == "avx2" and generic.pop("cpu_isa") == "generic"  # the cap took effect
     # Same bits on AVX-512 and AVX2: the depthwise loops (all results), the fused kernels (output and dinput;
-    # dW is the vendor GEMM's). The wide-group kernels of AVX-512 bucket the pairs by offset: another order.
+    # dW has a fused kernel on AVX-512 only). The wide-group kernels of AVX-512 bucket the pairs by offset.
     same_bits = {"depthwise": 4, "gemm_subm": 2, "gemm_strided": 2, "gemm_cout8": 2}
     for name in best:
         for i, (a, b, c) in enumerate(zip(best[name], avx2[name], generic[name])):
             if i < same_bits.get(name, 0):
                 assert torch.equal(a, b), (name, i)
-            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5, msg=name)
-            torch.testing.assert_close(c, a, atol=1e-5, rtol=1e-5, msg=name)
+            # Another summation order: within 1e-5 of the tensor's scale (a dW element sums thousands of
+            # products of magnitude ~1 into values up to ~100).
+            atol = 1e-5 * max(1.0, float(a.abs().max()))
+            torch.testing.assert_close(b, a, atol=atol, rtol=1e-5, msg=lambda m: f"{name}[{i}]: {m}")
+            torch.testing.assert_close(c, a, atol=atol, rtol=1e-5, msg=lambda m: f"{name}[{i}]: {m}")

@@ -18,6 +18,16 @@ void fused_gather_gemm_scatter_avx512(const float* x, int64_t cin, const int32_t
 void fused_gather_gemm_scatter_avx2(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
                                     int64_t m, const float* w, int64_t cout, float* y);
 
+// The filter gradient of one offset in one pass over its pairs: dw [cin, cout] (row-major) = (accumulate ? dw :
+// 0) + sum_p x[in[p]]^T dy[out[p]]. Tiles of 6 input channels x 64 output channels stay in registers over
+// chunks of 256 pairs; each element sums its pairs in order. AVX-512, cout a multiple of 16.
+void fused_weight_grad_avx512(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
+                              const int32_t* out, int64_t m, bool accumulate, float* dw);
+
+inline bool fused_weight_grad_ok(int64_t cin, int64_t cout) {
+  return cin > 0 && cout > 0 && cout % 16 == 0 && cpu_has_avx512f();
+}
+
 // True when this CPU has a kernel for the shape.
 inline bool fused_gemm_ok(int64_t cin, int64_t cout) {
   if (cin <= 0 || cout <= 0) return false;
