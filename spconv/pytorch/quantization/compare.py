@@ -30,25 +30,28 @@ def _int8_layers(converted: torch.nn.Module) -> List[str]:
 
 
 @torch.no_grad()
-def _record(prepared, converted, inputs) -> Tuple[List[str], Dict[str, tuple], Dict[str, tuple]]:
-    """Runs both models once; per int8 layer name: (float inputs, float output) and (int8 inputs, int8 output)."""
+def _record(prepared, converted, inputs, run_int8: bool = True) -> Tuple[List[str], Dict[str, tuple],
+                                                                         Dict[str, tuple]]:
+    """Runs the models once (the int8 one only with ``run_int8``); per int8 layer name: (float inputs, float
+    output) and (int8 inputs, int8 output)."""
     names = _int8_layers(converted)
     ref: Dict[str, tuple] = {}
     got: Dict[str, tuple] = {}
+    runs = [(prepared, ref)] + ([(converted, got)] if run_int8 else [])
     hooks = []
-    for model, store in ((prepared, ref), (converted, got)):
+    for model, store in runs:
         modules = dict(model.named_modules())
         for name in names:
             def hook(mod, args, out, name=name, store=store):
                 store[name] = (args, out)
             hooks.append(modules[name].register_forward_hook(hook))
     try:
-        prepared(*inputs)
-        converted(*inputs)
+        for model, _ in runs:
+            model(*inputs)
     finally:
         for h in hooks:
             h.remove()
-    return [n for n in names if n in got and n in ref], ref, got
+    return [n for n in names if n in ref and (n in got or not run_int8)], ref, got
 
 
 def layer_errors(prepared: torch.nn.Module, converted: torch.nn.Module, *inputs) -> Dict[str, float]:
@@ -91,5 +94,5 @@ def best_int8_error(x: torch.Tensor, steps: int = 200) -> float:
 
 def quantization_floors(prepared: torch.nn.Module, converted: torch.nn.Module, *inputs) -> Dict[str, float]:
     """{layer name: the least error any per-tensor symmetric int8 output of that layer can have}."""
-    names, ref, _ = _record(prepared, converted, inputs)
+    names, ref, _ = _record(prepared, converted, inputs, run_int8=False)  # the float outputs alone
     return {n: best_int8_error(_features(ref[n][1])) for n in names}
