@@ -5,8 +5,8 @@ import torch
 
 from spconv import _backend
 from spconv.benchmark.routes import forced_native
-from spconv.benchmark.quant_models import (FusibleBlock, ResidualNet, VoxelBackBone8x, image_batch, ptq, random_scene,
-                                           train_a_little)
+from spconv.benchmark.quant_models import FusibleBlock, VoxelBackBone8x, ptq, random_scene, train_a_little
+from test_quantization import trained_residual_net
 
 pytestmark = pytest.mark.hip_cpu
 
@@ -23,22 +23,24 @@ def _run_both(hip_cpu, converted, inputs, native=False):
     return cpu, gpu, copies, names
 
 
-def test_residual_net_int8_through_the_hip_code(hip_cpu):
-    g = torch.Generator().manual_seed(5)
-    net = ResidualNet(FusibleBlock)
-    batches = [image_batch(g) for _ in range(3)]
-    train_a_little(net, batches, steps=2)
-    _, converted = ptq(net, batches[:2])
-    cpu, gpu, copies, names = _run_both(hip_cpu, converted, batches[2])
-    assert torch.equal(cpu, gpu)
-    assert names.count(hip_cpu.name + "::quantized_conv") == 8
-    # one copy per kernel map built (subm at 28x28 shared by three convs, then four strided convs)
+def _check_gpu_routes(hip_cpu, converted, inputs, n_convs):
+    """The fused route (the table kernel) and the native one (SPCONV_FORCE_NATIVE: gather -> int8 GEMM ->
+    scatter-add) give the CPU route's bits, with one device->host copy per kernel map built."""
+    cpu, fused, copies, names = _run_both(hip_cpu, converted, inputs)
+    assert torch.equal(cpu, fused)
+    assert names.count(hip_cpu.name + "::quantized_conv") == n_convs
     assert copies == names.count(hip_cpu.name + "::get_indice_pairs")
-    # SPCONV_FORCE_NATIVE: the same bits through gather -> int8 GEMM -> scatter-add, no copy more
-    native, _, copies, names = _run_both(hip_cpu, converted, batches[2], native=True)
+    _, native, copies, names = _run_both(hip_cpu, converted, inputs, native=True)
     assert torch.equal(cpu, native)
     assert names.count(hip_cpu.name + "::quantized_conv") == 0 and "aten::_int_mm" in names
     assert copies == names.count(hip_cpu.name + "::get_indice_pairs")
+
+
+def test_residual_net_int8_through_the_hip_code(hip_cpu):
+    net, batches = trained_residual_net(FusibleBlock, 5, 3, 2)
+    _, converted = ptq(net, batches[:2])
+    # eight int8 convs; maps: subm at 28x28 shared by three convs, then four strided convs
+    _check_gpu_routes(hip_cpu, converted, batches[2], 8)
 
 
 def test_voxel_backbone_int8_through_the_hip_code(hip_cpu):
@@ -48,7 +50,4 @@ def test_voxel_backbone_int8_through_the_hip_code(hip_cpu):
     m = VoxelBackBone8x(4, shape)
     train_a_little(m, scenes, steps=2)
     _, converted = ptq(m, scenes[:2])
-    cpu, gpu, copies, names = _run_both(hip_cpu, converted, scenes[2])
-    assert torch.equal(cpu, gpu)
-    assert names.count(hip_cpu.name + "::quantized_conv") == 12
-    assert copies == names.count(hip_cpu.name + "::get_indice_pairs")
+    _check_gpu_routes(hip_cpu, converted, scenes[2], 12)

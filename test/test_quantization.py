@@ -76,14 +76,20 @@ def scene(ndim, n=300, c=16, seed=0, shape=None):
     return spconv.SparseConvTensor(torch.randn(coords.shape[0], c, generator=g), idx, shape, 1)
 
 
+def trained_residual_net(block, seed: int, n_batches: int, steps: int):
+    """spconv's int8 example network after a few optimizer steps on image batches: (net, batches)."""
+    torch.manual_seed(seed)
+    g = gen(seed)
+    net = ResidualNet(block)
+    batches = [image_batch(g) for _ in range(n_batches)]
+    train_a_little(net, batches, steps=steps)
+    return net, batches
+
+
 # ---- the documented workflow ----
 @pytest.mark.parametrize("block", [FusibleBlock, UnfusibleBlock])
 def test_ptq_workflow_residual_net(block):
-    torch.manual_seed(1)
-    g = gen(1)
-    net = ResidualNet(block)
-    batches = [image_batch(g) for _ in range(4)]
-    train_a_little(net, batches, steps=3)
+    net, batches = trained_residual_net(block, 1, 4, 3)
     prepared, converted = ptq(net, batches[:2])
     kinds = {type(m) for m in converted.modules()}
     assert snniq.SparseConvReLU in kinds and QSparseConv in kinds
@@ -96,11 +102,7 @@ def test_ptq_workflow_residual_net(block):
 
 
 def test_ptq_fused_residual_reads_int8_residual():
-    torch.manual_seed(2)
-    g = gen(2)
-    net = ResidualNet(FusibleBlock)
-    batches = [image_batch(g) for _ in range(3)]
-    train_a_little(net, batches, steps=2)
+    net, batches = trained_residual_net(FusibleBlock, 2, 3, 2)
     _, converted = ptq(net, batches[:2])
     modules = dict(converted.named_modules())
     add_nodes = [n for n in converted.graph.nodes
@@ -149,11 +151,7 @@ def test_best_int8_error():
 
 
 def test_qat_workflow_recovers():
-    torch.manual_seed(4)
-    g = gen(4)
-    net = ResidualNet(FusibleBlock)
-    batches = [image_batch(g) for _ in range(6)]
-    train_a_little(net, batches, steps=3)
+    net, batches = trained_residual_net(FusibleBlock, 4, 6, 3)
 
     def train(prepared, data):
         # fine-tuning a trained float model: its batch norms are frozen from the start
