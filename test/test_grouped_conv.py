@@ -274,11 +274,12 @@ def test_opcheck(cin, cout, groups):
                           (feats.detach(), filters.detach(), dy, *pairs))
 
 
-@pytest.mark.parametrize("cig", [3, 16])  # 16: the bucketed forward of wide groups (AVX-512 CPUs)
-def test_table_entries_out_of_range_raise(cig):
-    feats, filters, _, nbr, nbr_t = _ops_case(cin=4 * cig, cout=64)
+# cig 16: the bucketed forward of wide groups (AVX-512 CPUs); 3: the row loop; depthwise: its own row loop.
+@pytest.mark.parametrize("cig,cout,groups", [(3, 64, 4), (16, 64, 4), (1, 48, 48)])
+def test_table_entries_out_of_range_raise(cig, cout, groups):
+    feats, filters, _, nbr, nbr_t = _ops_case(cin=groups * cig, cout=cout, groups=groups)
     good = torch.ops.spconv.grouped_conv(feats, filters, nbr, nbr_t)
-    for value in (feats.shape[0], -5):
+    for value in (feats.shape[0], -5, -2 ** 31, 2 ** 31 - 1):  # the extremes of an unsigned compare
         bad = nbr.clone()
         bad[-1, 3] = value
         with pytest.raises(ValueError, match="nbr holds rows outside"):

@@ -3,8 +3,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "one_thread_gemm.h"
@@ -23,6 +25,8 @@ namespace {
 
 // Destination rows per parallel task of the forward: fixed, and each row is independent of the others.
 constexpr int64_t kRowGrain = 128;
+// Depthwise outputs of at least this many bytes are stored past the cache (AVX-512).
+constexpr int64_t kStreamOutputBytes = int64_t{32} << 20;
 // Output columns accumulated in registers at a time (8 AVX vectors).
 constexpr int64_t kColTile = 64;
 
@@ -40,10 +44,77 @@ struct PairList {
   int64_t n;
 };
 
-// Hands body(r, pairs) every row of [r0, r1) in order. A table row is first compacted into its valid entries
-// without branches: which entries are valid is data, and a mispredicted branch per entry costs more than the
-// arithmetic of a depthwise row. Entries outside [-1, n_other) are skipped and make it return false.
-// (Software prefetching of the gathered rows, a few rows ahead, measured no gain: left out.)
+// A chunk of table rows compacted into their valid entries (CSR), so that the row loops see only real pairs.
+struct CompactRows {
+  std::vector<int64_t> start;
+  std::vector<int32_t> other, offset;
+};
+
+// Table rows per compaction (at most 64, about 4096 entries): they stay in L1 between the compaction and the
+// row loop.
+constexpr int64_t kCompactRows = 64, kCompactEntries = 4096;
+
+// Rows [r0, r1) of the table into c; false when an entry lies outside [-1, n_other). Branch-free: which
+// entries are valid is data, and a mispredicted branch per entry costs more than the arithmetic of a
+// depthwise row.
+bool compact_rows_base(const GroupedRows& s, int64_t r0, int64_t r1, CompactRows& c) {
+  const int64_t kvol = s.kvol;
+  bool bad = false;
+  int64_t n = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    c.start[r - r0] = n;
+    const int32_t* t = s.table + r * kvol;
+    for (int64_t j = 0; j < kvol; ++j) {
+      const int32_t v = t[j];
+      const bool ok = v >= 0 && v < s.n_other;
+      bad |= !ok && v != -1;
+      c.other[n] = v;
+      c.offset[n] = static_cast<int32_t>(j);
+      n += ok;
+    }
+  }
+  c.start[r1 - r0] = n;
+  return !bad;
+}
+
+#if SPCONV_HAVE_AVX2_PATH
+#define SPCONV_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,popcnt")))
+
+SPCONV_TARGET_AVX512 inline __mmask16 lanes16(int64_t lanes) {
+  return lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << (lanes > 0 ? lanes : 0)) - 1u);
+}
+
+// compact_rows_base with 16 entries per step: one unsigned compare finds the valid ones (-1 wraps above any
+// row count) and a register compress packs them (a compress straight to memory is slow on some CPUs). Each
+// store writes 16 lanes: the buffers keep 16 entries of slack.
+SPCONV_TARGET_AVX512 bool compact_rows_avx512(const GroupedRows& s, int64_t r0, int64_t r1, CompactRows& c) {
+  const int64_t kvol = s.kvol;
+  const __m512i limit = _mm512_set1_epi32(static_cast<int32_t>(s.n_other)), none = _mm512_set1_epi32(-1);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __mmask16 bad = 0;
+  int64_t n = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    c.start[r - r0] = n;
+    const int32_t* t = s.table + r * kvol;
+    for (int64_t j0 = 0; j0 < kvol; j0 += 16) {
+      const __mmask16 in = lanes16(kvol - j0);
+      const __m512i v = _mm512_maskz_loadu_epi32(in, t + j0);
+      const __mmask16 ok = _mm512_mask_cmplt_epu32_mask(in, v, limit);
+      bad |= in & ~ok & ~_mm512_cmpeq_epi32_mask(v, none);
+      _mm512_storeu_si512(c.other.data() + n, _mm512_maskz_compress_epi32(ok, v));
+      const __m512i k = _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(j0)));
+      _mm512_storeu_si512(c.offset.data() + n, _mm512_maskz_compress_epi32(ok, k));
+      n += __builtin_popcount(ok);
+    }
+  }
+  c.start[r1 - r0] = n;
+  return bad == 0;
+}
+#endif
+
+// Hands body(r, pairs) every row of [r0, r1) in order; a table's rows are compacted a chunk at a time.
+// Entries outside [-1, n_other) are skipped and make it return false. (Software prefetching of the gathered
+// rows, a few rows ahead, measured no gain: left out.)
 template <typename Body>
 bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body) {
   if (s.table == nullptr) {
@@ -51,23 +122,26 @@ bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body) {
       body(r, PairList{s.other + s.start[r], s.offset + s.start[r], s.start[r + 1] - s.start[r]});
     return true;
   }
-  const int64_t kvol = s.kvol;
-  std::vector<int32_t> other(kvol), offset(kvol);
-  bool bad = false;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int32_t* t = s.table + r * kvol;
-    int64_t n = 0;
-    for (int64_t j = 0; j < kvol; ++j) {
-      const int32_t v = t[j];
-      const bool ok = v >= 0 && v < s.n_other;
-      bad |= !ok && v != -1;
-      other[n] = v;
-      offset[n] = static_cast<int32_t>(j);
-      n += ok;
+  if (r0 >= r1) return true;
+  CompactRows c;
+  const int64_t chunk = std::clamp<int64_t>(std::min(kCompactRows, kCompactEntries / s.kvol), 1, r1 - r0);
+  c.start.resize(chunk + 1);
+  c.other.resize(chunk * s.kvol + 16);
+  c.offset.resize(chunk * s.kvol + 16);
+  bool ok = true;
+  for (int64_t q0 = r0; q0 < r1; q0 += chunk) {
+    const int64_t q1 = std::min(r1, q0 + chunk);
+#if SPCONV_HAVE_AVX2_PATH
+    ok &= cpu_has_avx512f() ? compact_rows_avx512(s, q0, q1, c) : compact_rows_base(s, q0, q1, c);
+#else
+    ok &= compact_rows_base(s, q0, q1, c);
+#endif
+    for (int64_t r = q0; r < q1; ++r) {
+      const int64_t b = c.start[r - q0];
+      body(r, PairList{c.other.data() + b, c.offset.data() + b, c.start[r - q0 + 1] - b});
     }
-    body(r, PairList{other.data(), offset.data(), n});
   }
-  return !bad;
+  return ok;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -282,14 +356,10 @@ bool depthwise_backward_rows_avx2(const float* x, const float* w, const float* d
 // pass over its pairs, and a grouped row takes half the instructions of the AVX2 loops. Each output element is
 // the same chain of FMAs in pair order as on the AVX2 path: the same bits.
 #if SPCONV_HAVE_AVX2_PATH
-#define SPCONV_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
-SPCONV_TARGET_AVX512 inline __mmask16 lanes16(int64_t lanes) {
-  return lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << (lanes > 0 ? lanes : 0)) - 1u);
-}
-
-// Depthwise forward, columns [c0, c0 + n) of one row (n <= 16 * NV).
-template <int NV>
+// Depthwise forward, columns [c0, c0 + n) of one row (n <= 16 * NV). Stream: whole, 64-byte aligned vectors
+// stored past the cache (see kStreamOutputBytes).
+template <int NV, bool Stream = false>
 SPCONV_TARGET_AVX512 void depthwise_tile512(const float* x, const float* w, int64_t C, const PairList& l, int64_t c0,
                                             int64_t n, float* yrow) {
   __m512 acc[NV];
@@ -316,8 +386,13 @@ SPCONV_TARGET_AVX512 void depthwise_tile512(const float* x, const float* w, int6
                                  acc[v]);
     }
   }
+  if constexpr (Stream) {
 #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(yrow + c0 + 16 * v, lanes16(n - 16 * v), acc[v]);
+    for (int v = 0; v < NV; ++v) _mm512_stream_ps(yrow + c0 + 16 * v, acc[v]);
+  } else {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(yrow + c0 + 16 * v, lanes16(n - 16 * v), acc[v]);
+  }
 }
 
 // Grouped forward, groups [g, g + GB), columns [t0, t0 + 16 * NV) of each group's cog (a multiple of 16), one
@@ -367,8 +442,8 @@ constexpr GroupTile kGroupTiles512Single[] = {group_tile512<1, 1>, group_tile512
                                               group_tile512<7, 1>, group_tile512<8, 1>};
 
 // Depthwise backward of one input row i, columns [c0, c0 + n) (n <= 16 * NV): as depthwise_backward_tile, in
-// one pass for a 128-channel row; each element's chains are the AVX2 tile's.
-template <int NV>
+// one pass for a 128-channel row; each element's chains are the AVX2 tile's. Stream: as depthwise_tile512's.
+template <int NV, bool Stream = false>
 SPCONV_TARGET_AVX512 void depthwise_backward_tile512(const float* x, const float* w, const float* dy, int64_t C,
                                                      const PairList& l, int64_t i, int64_t c0, int64_t n, float* dx,
                                                      float* part) {
@@ -391,8 +466,13 @@ SPCONV_TARGET_AVX512 void depthwise_backward_tile512(const float* x, const float
       _mm512_mask_storeu_ps(pk + 16 * v, m[v], _mm512_fmadd_ps(xi[v], dv, _mm512_maskz_loadu_ps(m[v], pk + 16 * v)));
     }
   }
+  if constexpr (Stream) {
 #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(dx + i * C + c0 + 16 * v, m[v], acc[v]);
+    for (int v = 0; v < NV; ++v) _mm512_stream_ps(dx + i * C + c0 + 16 * v, acc[v]);
+  } else {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(dx + i * C + c0 + 16 * v, m[v], acc[v]);
+  }
 }
 
 constexpr DepthwiseBackwardTile kDepthwiseBackwardTiles512[] = {
@@ -401,7 +481,15 @@ constexpr DepthwiseBackwardTile kDepthwiseBackwardTiles512[] = {
     depthwise_backward_tile512<7>, depthwise_backward_tile512<8>};
 
 bool depthwise_backward_rows_avx512(const float* x, const float* w, const float* dy, int64_t C,
-                                    const GroupedRows& s, int64_t i0, int64_t i1, float* dx, float* part) {
+                                    const GroupedRows& s, int64_t i0, int64_t i1, float* dx, float* part,
+                                    bool stream) {
+  if (stream) {  // C % 128 == 0 and dx 64-byte aligned (grouped_backward checks)
+    const bool ok = walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
+      for (int64_t c0 = 0; c0 < C; c0 += 128) depthwise_backward_tile512<8, true>(x, w, dy, C, l, i, c0, 128, dx, part);
+    });
+    _mm_sfence();
+    return ok;
+  }
   return walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
     for (int64_t c0 = 0; c0 < C; c0 += 128) {
       const int64_t n = std::min<int64_t>(128, C - c0);
@@ -411,9 +499,16 @@ bool depthwise_backward_rows_avx512(const float* x, const float* w, const float*
 }
 
 bool forward_rows_avx512(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
-                         int64_t r0, int64_t r1, float* y) {
+                         int64_t r0, int64_t r1, float* y, bool stream) {
   if (cig == 1 && cog == 1) {
     const int64_t C = G;
+    if (stream) {  // C % 128 == 0 and y 64-byte aligned (grouped_forward checks)
+      const bool ok = walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+        for (int64_t c0 = 0; c0 < C; c0 += kColTile512) depthwise_tile512<8, true>(x, w, C, l, c0, 128, y + r * C);
+      });
+      _mm_sfence();  // the streamed rows are visible before the task ends
+      return ok;
+    }
     return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
       for (int64_t c0 = 0; c0 < C; c0 += kColTile512) {
         const int64_t n = std::min(kColTile512, C - c0);
@@ -434,32 +529,43 @@ bool forward_rows_avx512(const float* x, const float* w, int64_t G, int64_t cig,
 
 bool avx2_float(const at::Tensor& t) { return t.scalar_type() == at::kFloat && cpu_has_avx2_fma(); }
 
+// A depthwise output (y, or dx) much larger than the cache is written once and read by the next layer from
+// memory anyway: streamed past the cache it is not read in first (a third of the layer's memory traffic).
+// The AVX-512 loops stream whole 128-channel tiles of 64-byte aligned rows.
+bool streams_depthwise_output(int64_t G, int64_t cig, int64_t cog, const at::Tensor& out) {
+  return cig == 1 && cog == 1 && G % 128 == 0 && out.scalar_type() == at::kFloat &&
+         out.nbytes() >= static_cast<size_t>(kStreamOutputBytes) &&
+         reinterpret_cast<uintptr_t>(out.const_data_ptr()) % 64 == 0;
+}
+
 template <typename T>
 bool forward_rows(bool avx2, const T* x, const T* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
-                  int64_t r0, int64_t r1, T* y) {
+                  int64_t r0, int64_t r1, T* y, bool stream) {
 #if SPCONV_HAVE_AVX2_PATH
   if constexpr (std::is_same_v<T, float>) {
     const bool depthwise = cig == 1 && cog == 1;
     if (avx2 && cpu_has_avx512f() && (depthwise || cog % 16 == 0))
-      return forward_rows_avx512(x, w, G, cig, cog, s, r0, r1, y);
+      return forward_rows_avx512(x, w, G, cig, cog, s, r0, r1, y, stream);
     if (avx2 && (depthwise || cog % 8 == 0)) return forward_rows_avx2(x, w, G, cig, cog, s, r0, r1, y);
   }
 #endif
   (void)avx2;
+  (void)stream;
   return forward_rows_base(x, w, G, cig, cog, s, r0, r1, y);
 }
 
 template <typename T>
 bool backward_rows(bool avx2, const T* x, const T* wt, const T* dy, int64_t G, int64_t cig, int64_t cog,
-                   const GroupedRows& s, int64_t i0, int64_t i1, T* dx, T* part) {
+                   const GroupedRows& s, int64_t i0, int64_t i1, T* dx, T* part, bool stream) {
 #if SPCONV_HAVE_AVX2_PATH
   if constexpr (std::is_same_v<T, float>) {
     if (avx2 && cig == 1 && cog == 1 && cpu_has_avx512f())
-      return depthwise_backward_rows_avx512(x, wt, dy, G, s, i0, i1, dx, part);
+      return depthwise_backward_rows_avx512(x, wt, dy, G, s, i0, i1, dx, part, stream);
     if (avx2 && cig == 1 && cog == 1) return depthwise_backward_rows_avx2(x, wt, dy, G, s, i0, i1, dx, part);
   }
 #endif
   (void)avx2;
+  (void)stream;
   return backward_rows_base(x, wt, dy, G, cig, cog, s, i0, i1, dx, part);
 }
 
@@ -543,21 +649,19 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
 // 128 rows: the block's gathered input rows stay in L2 across its offsets (measured: 128 beat 64, 256, 1024).
 constexpr int64_t kBucketBlockRows = 128;
 
-// Pairs [0, m) of one offset and group, columns [t0, t0 + 16 * NV): y[dst[p]] += x[src[p]]_g @ w_g, R pairs
-// at a time sharing each filter load (R * NV accumulators). The last tile repeats its first pair in the unused
-// rows and stores only the valid ones. Every element sums its cig products in order, then is added to its row:
-// the tile size does not change the bits.
+// Pairs [0, m) of one offset and group (m a multiple of R), columns [t0, t0 + 16 * NV):
+// y[dst[p]] += x[src[p]]_g @ w_g, R pairs at a time sharing each filter load (R * NV accumulators). Every
+// element sums its cig products in order, then is added to its row: the tile size does not change the bits.
 template <int NV, int R>
 SPCONV_TARGET_AVX512 void bucket_tile512(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog,
                                          const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff,
                                          int64_t yoff, int64_t cout, float* y) {
   for (int64_t p = 0; p < m; p += R) {
-    const int64_t rows = std::min<int64_t>(R, m - p);
     __m512 acc[R][NV];
     const float* xr[R];
 #pragma GCC unroll 12
     for (int i = 0; i < R; ++i) {
-      xr[i] = x + int64_t{src[p + (i < rows ? i : 0)]} * cin + xoff;
+      xr[i] = x + int64_t{src[p + i]} * cin + xoff;
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
     }
@@ -572,7 +676,8 @@ SPCONV_TARGET_AVX512 void bucket_tile512(const float* x, int64_t cin, const floa
         for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(xb, wv[v], acc[i][v]);
       }
     }
-    for (int i = 0; i < rows; ++i) {
+#pragma GCC unroll 12
+    for (int i = 0; i < R; ++i) {
       float* yr = y + int64_t{dst[p + i]} * cout + yoff;
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) _mm512_storeu_ps(yr + 16 * v, _mm512_add_ps(_mm512_loadu_ps(yr + 16 * v), acc[i][v]));
@@ -582,9 +687,30 @@ SPCONV_TARGET_AVX512 void bucket_tile512(const float* x, int64_t cin, const floa
 
 using BucketTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const int32_t*, const int32_t*,
                             int64_t, int64_t, int64_t, int64_t, float*);
-// [NV - 1]: about 24 accumulators of the 32 registers, NV for the filter vectors.
-constexpr BucketTile kBucketTiles[] = {bucket_tile512<1, 4>, bucket_tile512<2, 8>, bucket_tile512<3, 8>,
-                                       bucket_tile512<4, 6>};
+
+// [NV - 1]: R pairs per tile, about 24 accumulators of the 32 registers (NV more hold the filter vectors).
+constexpr int kBucketPairs[] = {4, 8, 8, 6};
+
+template <int NV, std::size_t... I>
+constexpr std::array<BucketTile, sizeof...(I)> bucket_tiles(std::index_sequence<I...>) {
+  return {bucket_tile512<NV, static_cast<int>(I) + 1>...};
+}
+// [NV - 1][r - 1]: the tile of r pairs. The whole tiles take kBucketPairs[NV - 1]; the pairs left over go in
+// one tile of their exact count (a padded tile computed 11% more products than the real scan has).
+constexpr std::array<BucketTile, 8> kBucketTiles[] = {bucket_tiles<1>(std::make_index_sequence<8>()),
+                                                      bucket_tiles<2>(std::make_index_sequence<8>()),
+                                                      bucket_tiles<3>(std::make_index_sequence<8>()),
+                                                      bucket_tiles<4>(std::make_index_sequence<8>())};
+
+void bucket_pairs512(int64_t nv, const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog,
+                     const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout,
+                     float* y) {
+  const int64_t r = kBucketPairs[nv - 1], whole = m - m % r;
+  if (whole > 0) kBucketTiles[nv - 1][r - 1](x, cin, wg, cig, cog, src, dst, whole, xoff, yoff, cout, y);
+  if (m > whole)
+    kBucketTiles[nv - 1][m - whole - 1](x, cin, wg, cig, cog, src + whole, dst + whole, m - whole, xoff, yoff,
+                                        cout, y);
+}
 
 bool forward_bucketed(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
                       float* y) {
@@ -647,7 +773,7 @@ bool forward_bucketed(const float* x, const float* w, int64_t G, int64_t cig, in
           const float* wg = w + (k * G + g) * cig * cog;
           for (int64_t t0 = 0; t0 < cog; t0 += 64) {
             const int64_t nv = std::min<int64_t>(64, cog - t0) / 16;
-            kBucketTiles[nv - 1](x, cin, wg + t0, cig, cog, src.data() + start[k], dst.data() + start[k], m, g * cig,
+            bucket_pairs512(nv, x, cin, wg + t0, cig, cog, src.data() + start[k], dst.data() + start[k], m, g * cig,
                                  g * cog + t0, cout, y);
           }
         }
@@ -670,6 +796,7 @@ bool grouped_forward(const at::Tensor& x, const at::Tensor& w, const GroupedRows
                             y.mutable_data_ptr<float>());
 #endif
   const bool avx2 = avx2_float(x);
+  const bool stream = streams_depthwise_output(G, cig, cog, y);
   std::atomic<bool> ok{true};
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "grouped_forward", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
@@ -678,7 +805,7 @@ bool grouped_forward(const at::Tensor& x, const at::Tensor& w, const GroupedRows
     run_tasks((rows.rows + kRowGrain - 1) / kRowGrain, [&] {
       return [&](int64_t t) {
         const int64_t r0 = t * kRowGrain, r1 = std::min(rows.rows, r0 + kRowGrain);
-        if (!forward_rows(avx2, xp, wp, G, cig, cog, rows, r0, r1, yp)) ok = false;
+        if (!forward_rows(avx2, xp, wp, G, cig, cog, rows, r0, r1, yp, stream)) ok = false;
       };
     });
   });
@@ -710,6 +837,7 @@ bool grouped_backward(const at::Tensor& x, const at::Tensor& wt, const at::Tenso
   const int64_t block = (n_in + n_blocks - 1) / n_blocks;
   at::Tensor part = at::empty({n_blocks, slice}, x.options());
   const bool avx2 = avx2_float(x);
+  const bool stream = streams_depthwise_output(G, cig, cog, dx);
   std::atomic<bool> ok{true};
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "grouped_backward", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
@@ -722,7 +850,7 @@ bool grouped_backward(const at::Tensor& x, const at::Tensor& wt, const at::Tenso
         scalar_t* pb = pp + b * slice;
         std::fill(pb, pb + slice, scalar_t(0));  // here, so each block's partial is first touched in its task
         const int64_t i0 = b * block, i1 = std::min(n_in, i0 + block);
-        if (i0 < i1 && !backward_rows(avx2, xp, wp, gp, G, cig, cog, rows, i0, i1, dxp, pb)) ok = false;
+        if (i0 < i1 && !backward_rows(avx2, xp, wp, gp, G, cig, cog, rows, i0, i1, dxp, pb, stream)) ok = false;
       };
     });
   });

@@ -7,11 +7,16 @@
 #include "build_info.h"
 #include "checks.h"
 #include "op_library.h"
+#include "output_cache.h"
 
 SPCONV_SCHEMA(m) {
   m.def("build_info() -> str", &spconv::build_info_json);
   // Device->host copies this library's op glue made since it was loaded (tests of the GPU path's syncs).
   m.def("host_copy_count() -> int", &spconv::ops::host_copy_count);
+  // The cache of large CPU op outputs (output_cache.h): [cached bytes, cached blocks, hits, misses, capacity
+  // bytes], and handing its blocks back to the OS.
+  m.def("cpu_output_cache_info() -> int[]", &spconv::ops::output_cache_info);
+  m.def("cpu_output_cache_clear() -> ()", &spconv::ops::output_cache_clear);
 
   // ---- kernel maps ----
   // Pairs grouped by kernel offset: pair_in[p] feeds pair_out[p] through the offset k with

@@ -5,7 +5,7 @@
 
 #include "../checks.h"
 #include "../../native/gather_gemm_scatter.h"
-#include "large_outputs.h"
+#include "../output_cache.h"
 
 namespace spconv {
 namespace ops {

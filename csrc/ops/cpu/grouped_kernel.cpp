@@ -9,7 +9,7 @@
 #include "../grouped_checks.h"
 #include "../../native/grouped_conv.h"
 #include "../../native/pairs_by_row.h"
-#include "large_outputs.h"
+#include "../output_cache.h"
 
 namespace spconv {
 namespace ops {

@@ -6,7 +6,7 @@
 
 #include "../checks.h"
 #include "../../native/pool.h"
-#include "large_outputs.h"
+#include "../output_cache.h"
 
 namespace spconv {
 namespace ops {

@@ -7,7 +7,7 @@
 
 #include "../quantized_checks.h"
 #include "../../native/int8_conv.h"
-#include "large_outputs.h"
+#include "../output_cache.h"
 
 namespace spconv {
 namespace ops {
