@@ -133,3 +133,25 @@ def test_capacity_bounds_what_is_kept():
 def test_bad_capacity_raises_naming_the_variable():
     r = _capacity_run("lots")
     assert r.returncode != 0 and "SPCONV_CPU_OUTPUT_CACHE_MB must be a non-negative integer" in r.stderr
+
+
+def test_forked_child_uses_the_cache():
+    """A DataLoader worker is a fork: its copy of the cache (and its lock) must work in the child. Like a
+    DataLoader worker, the child runs on one thread (OpenMP's pool does not survive a fork)."""
+    layer, x = LAYERS["depthwise"](), _scene()
+    with torch.no_grad():
+        ref = layer(x).features.clone()
+        layer(x)  # leaves a freed block in the cache
+    pid = os.fork()
+    if pid == 0:  # the child: the cached block serves it, and its result is the parent's
+        code = 1
+        try:
+            torch.set_num_threads(1)
+            with torch.no_grad():
+                hits = output_cache.info()["hits"]
+                ok = torch.equal(layer(x).features, ref) and output_cache.info()["hits"] == hits + 1
+            code = 0 if ok else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

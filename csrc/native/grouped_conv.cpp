@@ -123,11 +123,14 @@ bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body) {
     return true;
   }
   if (r0 >= r1) return true;
-  CompactRows c;
+  // One buffer per thread, kept across calls: a task of 128 rows would otherwise spend a fair share of its
+  // time allocating and zeroing it.
+  thread_local CompactRows c;
   const int64_t chunk = std::clamp<int64_t>(std::min(kCompactRows, kCompactEntries / s.kvol), 1, r1 - r0);
-  c.start.resize(chunk + 1);
-  c.other.resize(chunk * s.kvol + 16);
-  c.offset.resize(chunk * s.kvol + 16);
+  const size_t entries = static_cast<size_t>(chunk * s.kvol + 16);
+  if (c.start.size() < static_cast<size_t>(chunk + 1)) c.start.resize(chunk + 1);
+  if (c.other.size() < entries) c.other.resize(entries);
+  if (c.offset.size() < entries) c.offset.resize(entries);
   bool ok = true;
   for (int64_t q0 = r0; q0 < r1; q0 += chunk) {
     const int64_t q1 = std::min(r1, q0 + chunk);

@@ -5,7 +5,13 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <new>
+
+#if defined(__unix__)
+#include <pthread.h>
+#endif
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -126,19 +132,34 @@ class OutputCache final : public c10::Allocator {
     for (Block* g : gone) free_block(g);  // outside the lock: munmap can take a while
   }
 
+  friend void after_fork_in_child();
   std::mutex mutex_;
   std::vector<Block*> free_;  // oldest first
   size_t cached_bytes_ = 0;
   int64_t hits_ = 0, misses_ = 0, capacity_ = -1;
 };
 
+OutputCache* make_cache();
+
 // Never destroyed: tensors may outlive static destruction at exit and still hand their blocks back.
 OutputCache& cache() {
-  static OutputCache* c = new OutputCache();
+  static OutputCache* c = make_cache();
   return *c;
 }
 
 void OutputCache::release(void* ctx) { cache().keep(static_cast<Block*>(ctx)); }
+
+// A fork while another thread held the lock (a DataLoader worker started from a process that runs ops on
+// other threads) would leave the child's lock held forever: the child starts with a fresh one.
+void after_fork_in_child() { new (&cache().mutex_) std::mutex(); }
+
+OutputCache* make_cache() {
+  OutputCache* c = new OutputCache();
+#if defined(__unix__)
+  pthread_atfork(nullptr, nullptr, &after_fork_in_child);
+#endif
+  return c;
+}
 
 }  // namespace
 
@@ -149,8 +170,16 @@ at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options)
                                    options.dtype().toScalarType(), std::nullopt);
 }
 
+// Below this many bytes an output is zeroed by the calling thread: at::zero_ would open a parallel region
+// for anything over 128 KB, and on a busy machine each region can wait a time slice for a descheduled worker.
+constexpr int64_t kSerialZeroBytes = int64_t{4} << 20;
+
 at::Tensor zeros_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
-  return empty_output(sizes, options).zero_();
+  at::Tensor t = empty_output(sizes, options);
+  const int64_t bytes = static_cast<int64_t>(t.nbytes());
+  if (bytes >= kSerialZeroBytes || t.device().type() != c10::DeviceType::CPU) return t.zero_();
+  if (bytes > 0) std::memset(t.data_ptr(), 0, static_cast<size_t>(bytes));
+  return t;
 }
 
 std::vector<int64_t> output_cache_info() { return cache().info(); }
