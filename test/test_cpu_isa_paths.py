@@ -33,12 +33,15 @@ layers = {
     "gemm_subm": spconv.SubMConv3d(64, 80, 3, indice_key="s"),
     "gemm_strided": spconv.SparseConv3d(48, 32, 3, 2, 1),
     "gemm_cout8": spconv.SubMConv3d(40, 24, 3, indice_key="s"),
+    # FP64: the fused kernels on AVX-512 (Cout a multiple of 8), the vendor GEMM under the caps
+    "gemm_subm_fp64": spconv.SubMConv3d(48, 40, 3, indice_key="s").double(),
+    "gemm_strided_fp64": spconv.SparseConv3d(40, 32, 3, 2, 1).double(),
     "maxpool": spconv.SparseMaxPool3d(3, 2, 1),
 }
 out = {}
 for name, layer in layers.items():
     cin = layer.in_channels if hasattr(layer, "in_channels") else 16
-    x = torch.randn(len(idx), cin, requires_grad=True)
+    x = torch.randn(len(idx), cin, dtype=next(iter(layer.parameters()), torch.empty(0)).dtype, requires_grad=True)
     y = layer(spconv.SparseConvTensor(x, idx, shape, 1)).features
     y.backward(torch.randn_like(y))
     out[name] = [y.detach(), x.grad] + [p.grad for p in layer.parameters()]
@@ -81,6 +84,7 @@ def test_instruction_set_paths_agree(tmp_path):
                 assert torch.equal(a, b), (name, i)
             # Another summation order: within 1e-5 of the tensor's scale (a dW element sums thousands of
             # products of magnitude ~1 into values up to ~100).
-            atol = 1e-5 * max(1.0, float(a.abs().max()))
-            torch.testing.assert_close(b, a, atol=atol, rtol=1e-5, msg=lambda m: f"{name}[{i}]: {m}")
-            torch.testing.assert_close(c, a, atol=atol, rtol=1e-5, msg=lambda m: f"{name}[{i}]: {m}")
+            tol = 1e-12 if a.dtype == torch.float64 else 1e-5
+            atol = tol * max(1.0, float(a.abs().max()))
+            torch.testing.assert_close(b, a, atol=atol, rtol=tol, msg=lambda m: f"{name}[{i}]: {m}")
+            torch.testing.assert_close(c, a, atol=atol, rtol=tol, msg=lambda m: f"{name}[{i}]: {m}")

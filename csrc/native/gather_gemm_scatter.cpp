@@ -14,12 +14,23 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 namespace spconv {
 namespace native {
 
 namespace {
+
+// The fused kernels for a tensor's dtype (float and double; the others take the vendor GEMM).
+bool fused_gemm_ok_for(at::ScalarType t, int64_t cin, int64_t cout) {
+  return t == at::kFloat ? fused_gemm_ok<float>(cin, cout) : t == at::kDouble && fused_gemm_ok<double>(cin, cout);
+}
+
+bool fused_weight_grad_ok_for(at::ScalarType t, int64_t cin, int64_t cout) {
+  return t == at::kFloat ? fused_weight_grad_ok<float>(cin, cout)
+                         : t == at::kDouble && fused_weight_grad_ok<double>(cin, cout);
+}
 
 bool fused_cpu_gemm_enabled() {
   static const bool on = [] {
@@ -155,9 +166,9 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   std::vector<int64_t> work(blocks.n_blocks);
   for (int64_t b = 0; b < blocks.n_blocks; ++b) work[b] = blocks.start[(b + 1) * kvol] - blocks.start[b * kvol];
   const std::vector<int64_t> order = longest_first(work);
-  // FP32 on AVX-512 / AVX2: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
-  const bool fused_kernel = src.scalar_type() == at::kFloat && fused_cpu_gemm_enabled() &&
-                            fused_gemm_ok(c_src, c_dst);
+  // FP32 on AVX-512 / AVX2, FP64 on AVX-512: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0:
+  // the vendor GEMM).
+  const bool fused_kernel = fused_cpu_gemm_enabled() && fused_gemm_ok_for(src.scalar_type(), c_src, c_dst);
   // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput.
   const at::Tensor w_rows =
       fused_kernel ? (transpose_w ? weights.transpose(1, 2) : weights).contiguous() : at::Tensor();
@@ -179,12 +190,12 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
             continue;
           }
           const int64_t begin = blocks.begin(b, k, kvol), count = blocks.count(b, k, kvol);
-          if (fused_kernel) {  // float only: the casts are no-ops
-            fused_gather_gemm_scatter(reinterpret_cast<const float*>(x), c_src, blocks.other.data() + begin,
-                                      blocks.key.data() + begin, count,
-                                      w_rows.const_data_ptr<float>() + k * c_src * c_dst, c_dst,
-                                      reinterpret_cast<float*>(y));
-            continue;
+          if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+            if (fused_kernel) {
+              fused_gather_gemm_scatter(x, c_src, blocks.other.data() + begin, blocks.key.data() + begin, count,
+                                        w_rows.const_data_ptr<scalar_t>() + k * c_src * c_dst, c_dst, y);
+              continue;
+            }
           }
           for (int64_t c0 = 0; c0 < count; c0 += rows) {
             const int64_t m = std::min(rows, count - c0);
@@ -213,10 +224,9 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
   std::vector<int64_t> work(segs.size());
   for (size_t i = 0; i < segs.size(); ++i) work[i] = segs[i].end - segs[i].begin;
   const std::vector<int64_t> order = longest_first(work);
-  // FP32 on AVX-512: each segment in one pass over its pairs, no gather buffers (SPCONV_FUSED_CPU_GEMM=0: the
-  // vendor GEMM).
-  const bool fused_kernel = x.scalar_type() == at::kFloat && fused_cpu_gemm_enabled() &&
-                            fused_weight_grad_ok(c_in, c_out);
+  // FP32 and FP64 on AVX-512: each segment in one pass over its pairs, no gather buffers
+  // (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
+  const bool fused_kernel = fused_cpu_gemm_enabled() && fused_weight_grad_ok_for(x.scalar_type(), c_in, c_out);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "weight_grad", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
@@ -226,11 +236,12 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
       return [&, a, b](int64_t t) {
         const KSegment& sg = segs[order[t]];
         at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
-        if (fused_kernel) {  // float only: the casts are no-ops
-          fused_weight_grad_avx512(reinterpret_cast<const float*>(xp), c_in, reinterpret_cast<const float*>(gp),
-                                   c_out, pair_in + sg.begin, pair_out + sg.begin, sg.end - sg.begin, false,
-                                   reinterpret_cast<float*>(acc.mutable_data_ptr<scalar_t>()));
-          return;
+        if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+          if (fused_kernel) {
+            fused_weight_grad_avx512(xp, c_in, gp, c_out, pair_in + sg.begin, pair_out + sg.begin,
+                                     sg.end - sg.begin, false, acc.mutable_data_ptr<scalar_t>());
+            return;
+          }
         }
         if (identity[sg.k]) {  // rows map to themselves: no gather
           const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
@@ -348,11 +359,12 @@ void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights
   const int64_t partial = kvol * x.size(1) * dy.size(1) * x.element_size();
   const int64_t groups = std::min(kMaxGroups, kPartialBytes / partial);
   const int64_t pairs = offsets[kvol] - offsets[0];
-  // With the fused FP32 kernels for both products and X, dY small enough to stay in cache, the separate passes
+  // With the fused kernels for both products and X, dY small enough to stay in cache, the separate passes
   // gather from cache without buffers and win (SubM 64 N=10k: 1.3x); larger inputs keep the row blocks' locality.
   constexpr int64_t kFusedBackwardBytes = int64_t{16} << 20;
-  const bool fused_separate = x.scalar_type() == at::kFloat && fused_cpu_gemm_enabled() &&
-                              fused_weight_grad_ok(x.size(1), dy.size(1)) && fused_gemm_ok(dy.size(1), x.size(1)) &&
+  const bool fused_separate = fused_cpu_gemm_enabled() &&
+                              fused_weight_grad_ok_for(x.scalar_type(), x.size(1), dy.size(1)) &&
+                              fused_gemm_ok_for(x.scalar_type(), dy.size(1), x.size(1)) &&
                               (x.numel() + dy.numel()) * x.element_size() <= kFusedBackwardBytes;
   if (!fused_separate && groups >= kMinGroups && pairs >= kPairsPerPartialEntry * kvol * groups) {
     backward_by_row_blocks(x, weights, dy, pair_in, pair_out, offsets, identity, groups, dx, dw);
