@@ -70,7 +70,7 @@ def format_measurements(record: Record) -> str:
         parts.append(f"== {workload}")
         peaks = sorted({(m.dtype, m.peak_gflops) for m in ms if m.peak_gflops})
         if peaks:
-            parts.append("peak (torch.mm 2048^3, this run): " +
+            parts.append("peak (torch.mm 2048^3, best timed run, this run): " +
                          ", ".join(f"{d} {fmt_num(p)} GFLOP/s" for d, p in peaks))
         busy = any(m.busy_ms is not None for m in ms)
         parts.append(format_table(MEASUREMENT_HEADERS + (BUSY_HEADERS if busy else []), measurement_rows(ms), left=4))
@@ -126,7 +126,7 @@ def format_header(meta: Dict[str, object]) -> str:
                                                if meta.get("busy_processes") else ""),
              "route* = the route a plain model call takes here; GFLOP = useful FLOPs (2 x pairs x Cin x Cout per "
              "pass); vs mm = time of torch.mm on the same FLOPs / our time (1.0x = GEMM speed); of peak = GFLOP/s / the "
-             "machine's torch.mm 2048^3 rate in this run (near the FMA peak on a CPU); tf32 runs only on "
+             "machine's best torch.mm 2048^3 rate in this run (near the FMA peak on a CPU); tf32 runs only on "
              "the native route (the fused route computes FP32 with FMA)"]
     return "\n".join(lines)
 

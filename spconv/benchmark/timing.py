@@ -146,6 +146,11 @@ def time_fn(fn: Callable[[], object], device: torch.device, plan: Plan,
     return stats
 
 
+def quiet_time_fn(fn: Callable[[], object], device: torch.device, plan: Plan) -> Stats:
+    """As time_fn, but never under the busy load (measurements of the machine itself, such as its peak)."""
+    return _time_fn(fn, device, plan, None)
+
+
 def _time_fn(fn, device, plan, on_iter) -> Stats:
     clock = Clock(device)
     for _ in range(plan.warmup):
