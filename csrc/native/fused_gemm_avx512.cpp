@@ -12,8 +12,6 @@ namespace native {
 #if SPCONV_HAVE_AVX2_PATH
 namespace {
 
-#define SPCONV_TARGET_AVX512F __attribute__((target("avx512f,avx2,fma")))
-
 // The 512-bit vector of T: 16 floats or 8 doubles. Every kernel below is the same code for both.
 template <typename T>
 struct Vec;
@@ -22,24 +20,24 @@ template <>
 struct Vec<float> {
   using V = __m512;
   static constexpr int kLanes = 16;
-  SPCONV_TARGET_AVX512F static V zero() { return _mm512_setzero_ps(); }
-  SPCONV_TARGET_AVX512F static V load(const float* p) { return _mm512_loadu_ps(p); }
-  SPCONV_TARGET_AVX512F static V set1(float v) { return _mm512_set1_ps(v); }
-  SPCONV_TARGET_AVX512F static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  SPCONV_TARGET_AVX512F static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  SPCONV_TARGET_AVX512F static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  SPCONV_TARGET_AVX512 static V zero() { return _mm512_setzero_ps(); }
+  SPCONV_TARGET_AVX512 static V load(const float* p) { return _mm512_loadu_ps(p); }
+  SPCONV_TARGET_AVX512 static V set1(float v) { return _mm512_set1_ps(v); }
+  SPCONV_TARGET_AVX512 static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  SPCONV_TARGET_AVX512 static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  SPCONV_TARGET_AVX512 static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
 };
 
 template <>
 struct Vec<double> {
   using V = __m512d;
   static constexpr int kLanes = 8;
-  SPCONV_TARGET_AVX512F static V zero() { return _mm512_setzero_pd(); }
-  SPCONV_TARGET_AVX512F static V load(const double* p) { return _mm512_loadu_pd(p); }
-  SPCONV_TARGET_AVX512F static V set1(double v) { return _mm512_set1_pd(v); }
-  SPCONV_TARGET_AVX512F static V fmadd(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
-  SPCONV_TARGET_AVX512F static V add(V a, V b) { return _mm512_add_pd(a, b); }
-  SPCONV_TARGET_AVX512F static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
+  SPCONV_TARGET_AVX512 static V zero() { return _mm512_setzero_pd(); }
+  SPCONV_TARGET_AVX512 static V load(const double* p) { return _mm512_loadu_pd(p); }
+  SPCONV_TARGET_AVX512 static V set1(double v) { return _mm512_set1_pd(v); }
+  SPCONV_TARGET_AVX512 static V fmadd(V a, V b, V c) { return _mm512_fmadd_pd(a, b, c); }
+  SPCONV_TARGET_AVX512 static V add(V a, V b) { return _mm512_add_pd(a, b); }
+  SPCONV_TARGET_AVX512 static void store(double* p, V v) { _mm512_storeu_pd(p, v); }
 };
 
 // 6 register rows (pairs in the forward, input channels in dW) x 4 vectors = 24 accumulators, plus 4 operand
@@ -49,7 +47,7 @@ constexpr int kMaxVectors = 4;
 
 // One tile: `rows` pairs starting at p, output channels [j0, j0 + lanes * NV).
 template <typename T, int NV>
-SPCONV_TARGET_AVX512F inline void tile(const T* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
+SPCONV_TARGET_AVX512 inline void tile(const T* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
                                        int64_t rows, const T* w, int64_t cout, int64_t j0, T* y) {
   using S = Vec<T>;
   constexpr int L = S::kLanes;
@@ -74,7 +72,7 @@ SPCONV_TARGET_AVX512F inline void tile(const T* x, int64_t cin, const int32_t* g
 }
 
 template <typename T, int NV>
-SPCONV_TARGET_AVX512F void columns(const T* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
+SPCONV_TARGET_AVX512 void columns(const T* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
                                    int64_t m, const T* w, int64_t cout, int64_t j0, T* y) {
   for (int64_t p = 0; p < m; p += kRows)
     tile<T, NV>(x, cin, gather + p, scatter + p, std::min<int64_t>(kRows, m - p), w, cout, j0, y);
@@ -102,7 +100,7 @@ constexpr int64_t kChunk = 256;  // pairs per dW pass: their x and dy rows stay 
 // dw rows [c0, c0 + rows) x columns [j0, j0 + lanes * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
 // pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`).
 template <typename T, int NV>
-SPCONV_TARGET_AVX512F void dw_tile(const T* x, int64_t cin, const T* dy, int64_t cout, const int32_t* in,
+SPCONV_TARGET_AVX512 void dw_tile(const T* x, int64_t cin, const T* dy, int64_t cout, const int32_t* in,
                                    const int32_t* out, int64_t m, int64_t c0, int64_t rows, int64_t j0, bool fresh,
                                    T* dw) {
   using S = Vec<T>;

@@ -78,8 +78,6 @@ bool compact_rows_base(const GroupedRows& s, int64_t r0, int64_t r1, CompactRows
 }
 
 #if SPCONV_HAVE_AVX2_PATH
-#define SPCONV_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,popcnt")))
-
 SPCONV_TARGET_AVX512 inline __mmask16 lanes16(int64_t lanes) {
   return lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << (lanes > 0 ? lanes : 0)) - 1u);
 }
@@ -486,38 +484,33 @@ constexpr DepthwiseBackwardTile kDepthwiseBackwardTiles512[] = {
 bool depthwise_backward_rows_avx512(const float* x, const float* w, const float* dy, int64_t C,
                                     const GroupedRows& s, int64_t i0, int64_t i1, float* dx, float* part,
                                     bool stream) {
-  if (stream) {  // C % 128 == 0 and dx 64-byte aligned (grouped_backward checks)
-    const bool ok = walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
-      for (int64_t c0 = 0; c0 < C; c0 += 128) depthwise_backward_tile512<8, true>(x, w, dy, C, l, i, c0, 128, dx, part);
-    });
-    _mm_sfence();
-    return ok;
-  }
-  return walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
+  // stream: C % 128 == 0 and dx 64-byte aligned (grouped_backward checks), so every tile is 128 whole channels.
+  const bool ok = walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
     for (int64_t c0 = 0; c0 < C; c0 += 128) {
       const int64_t n = std::min<int64_t>(128, C - c0);
-      kDepthwiseBackwardTiles512[(n + 15) / 16 - 1](x, w, dy, C, l, i, c0, n, dx, part);
+      const DepthwiseBackwardTile tile =
+          stream ? depthwise_backward_tile512<8, true> : kDepthwiseBackwardTiles512[(n + 15) / 16 - 1];
+      tile(x, w, dy, C, l, i, c0, n, dx, part);
     }
   });
+  if (stream) _mm_sfence();  // the streamed rows are visible before the task ends
+  return ok;
 }
 
 bool forward_rows_avx512(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
                          int64_t r0, int64_t r1, float* y, bool stream) {
   if (cig == 1 && cog == 1) {
     const int64_t C = G;
-    if (stream) {  // C % 128 == 0 and y 64-byte aligned (grouped_forward checks)
-      const bool ok = walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
-        for (int64_t c0 = 0; c0 < C; c0 += kColTile512) depthwise_tile512<8, true>(x, w, C, l, c0, 128, y + r * C);
-      });
-      _mm_sfence();  // the streamed rows are visible before the task ends
-      return ok;
-    }
-    return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+    // stream: C % 128 == 0 and y 64-byte aligned (grouped_forward checks), so every tile is 128 whole channels.
+    const bool ok = walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
       for (int64_t c0 = 0; c0 < C; c0 += kColTile512) {
         const int64_t n = std::min(kColTile512, C - c0);
-        kDepthwiseTiles512[(n + 15) / 16 - 1](x, w, C, l, c0, n, y + r * C);
+        const DepthwiseTile tile = stream ? depthwise_tile512<8, true> : kDepthwiseTiles512[(n + 15) / 16 - 1];
+        tile(x, w, C, l, c0, n, y + r * C);
       }
     });
+    if (stream) _mm_sfence();  // the streamed rows are visible before the task ends
+    return ok;
   }
   return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
     for (int64_t t0 = 0; t0 < cog; t0 += kColTile512) {

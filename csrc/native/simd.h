@@ -5,9 +5,12 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define SPCONV_HAVE_AVX2_PATH 1
 #define SPCONV_TARGET_AVX2 __attribute__((target("avx2,fma")))
+// AVX-512 foundation (picked with cpu_has_avx512f()), with AVX2/FMA and popcnt for the code around it.
+#define SPCONV_TARGET_AVX512 __attribute__((target("avx512f,avx2,fma,popcnt")))
 #else
 #define SPCONV_HAVE_AVX2_PATH 0
 #define SPCONV_TARGET_AVX2
+#define SPCONV_TARGET_AVX512
 #endif
 
 #include <cstdlib>
