@@ -43,6 +43,14 @@ class MMBaseline:
         self._ms: Dict[Shape, float] = {}
         self._peak: Optional[float] = None
 
+    def _operands(self, m: int, k: int, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Seeded random (m x k) and (k x n) operands, drawn on the device: a 1e6-voxel layer's gathered operand
+        can hold billions of values."""
+        gen = torch.Generator(device=self.device).manual_seed(0)
+        a = torch.randn(m, k, generator=gen, device=self.device).to(self.dtype)
+        b = torch.randn(k, n, generator=gen, device=self.device).to(self.dtype)
+        return a, b
+
     def product_ms(self, shape: Shape) -> float:
         if shape not in self._ms:
             m, k, n = shape
@@ -56,10 +64,7 @@ class MMBaseline:
             if self.row_cap is not None and dims[long_axis] > self.row_cap:
                 scale = dims[long_axis] / self.row_cap
                 dims[long_axis] = self.row_cap
-            # Drawn on the device: a 1e6-voxel layer's gathered operand can hold billions of values.
-            gen = torch.Generator(device=self.device).manual_seed(0)
-            a = torch.randn(dims[0], dims[1], generator=gen, device=self.device).to(self.dtype)
-            b = torch.randn(dims[1], dims[2], generator=gen, device=self.device).to(self.dtype)
+            a, b = self._operands(*dims)
             self._ms[shape] = time_fn(lambda: torch.mm(a, b), self.device, self.plan).median * scale
             del a, b
         return self._ms[shape]
@@ -71,9 +76,7 @@ class MMBaseline:
         moved it by 20-40% between runs, and every row's fraction with it."""
         if self._peak is None:
             n = PEAK_SIZE
-            gen = torch.Generator(device=self.device).manual_seed(0)
-            a = torch.randn(n, n, generator=gen, device=self.device).to(self.dtype)
-            b = torch.randn(n, n, generator=gen, device=self.device).to(self.dtype)
+            a, b = self._operands(n, n, n)
             plan = Plan(max(self.plan.warmup, 2), max(self.plan.iters, PEAK_ITERS))
             best_ms = quiet_time_fn(lambda: torch.mm(a, b), self.device, plan).min
             self._peak = 2.0 * n ** 3 / (best_ms * 1e6)
