@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pairs_by_row.h"
+#include "run_tasks.h"
 #include "simd.h"
 
 #if SPCONV_HAVE_AVX2_PATH
@@ -26,6 +27,10 @@ constexpr int64_t kColTile = 64;
 // added in block order. At most kMaxDwBlocks blocks bound the partials' memory.
 constexpr int64_t kMinBlockRows = 1024;
 constexpr int64_t kMaxDwBlocks = 64;
+
+// Forward tasks: kRowGrain output rows each.
+int64_t row_tasks(int64_t n_out) { return (n_out + kRowGrain - 1) / kRowGrain; }
+int64_t row_end(int64_t t, int64_t n_out) { return std::min(n_out, (t + 1) * kRowGrain); }
 
 int64_t block_rows(int64_t n_in) {
   return std::max(kMinBlockRows, (n_in + kMaxDwBlocks - 1) / kMaxDwBlocks);
@@ -212,8 +217,8 @@ void direct_conv_forward(const at::Tensor& x, const at::Tensor& weights, const i
     const float* xp = x.const_data_ptr<float>();
     const float* wpp = wp.const_data_ptr<float>();
     float* y = dst.mutable_data_ptr<float>();
-    at::parallel_for(0, n_out, kRowGrain, [&](int64_t o0, int64_t o1) {
-      forward_rows_avx2(xp, cin, wpp, cpad, cout, g, o0, o1, y);
+    run_tasks(row_tasks(n_out), [&] {
+      return [&](int64_t t) { forward_rows_avx2(xp, cin, wpp, cpad, cout, g, t * kRowGrain, row_end(t, n_out), y); };
     });
     return;
   }
@@ -222,8 +227,8 @@ void direct_conv_forward(const at::Tensor& x, const at::Tensor& weights, const i
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* wp = weights.const_data_ptr<scalar_t>();
     scalar_t* y = dst.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, n_out, kRowGrain, [&](int64_t o0, int64_t o1) {
-      forward_rows_base(xp, cin, wp, cout, g, o0, o1, y);
+    run_tasks(row_tasks(n_out), [&] {
+      return [&](int64_t t) { forward_rows_base(xp, cin, wp, cout, g, t * kRowGrain, row_end(t, n_out), y); };
     });
   });
 }
@@ -236,8 +241,10 @@ void direct_conv_backward(const at::Tensor& x, const at::Tensor& weights, const 
   const bool avx2 = use_avx2(x);
   const int64_t cpad = avx2 ? round_up8(cout) : cout;
   const int64_t rows = block_rows(n_in), n_blocks = (n_in + rows - 1) / rows;
-  // One dW partial per block of input rows, summed in block order below.
-  at::Tensor part = at::zeros({std::max<int64_t>(n_blocks, 1), kvol, cin, cpad}, x.options());
+  // One dW partial per block of input rows, summed in block order below. Each task zeroes its own; with no
+  // input rows the one partial is zeros.
+  at::Tensor part = n_blocks > 0 ? at::empty({n_blocks, kvol, cin, cpad}, x.options())
+                                 : at::zeros({1, kvol, cin, cpad}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "direct_conv_backward", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
@@ -245,12 +252,15 @@ void direct_conv_backward(const at::Tensor& x, const at::Tensor& weights, const 
     scalar_t* pp = part.mutable_data_ptr<scalar_t>();
     const at::Tensor wpad = pad_columns(weights, cpad);
     const scalar_t* wp = wpad.const_data_ptr<scalar_t>();
-    at::parallel_for(0, n_blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
+    // Blocks handed out one at a time: a thread the OS deschedules (a busy machine) leaves its blocks to the
+    // others. Each block zeroes its own partial, in its task.
+    run_tasks(n_blocks, [&] {
+      return [&](int64_t b) {
         const int64_t i0 = b * rows, i1 = std::min(n_in, i0 + rows);
         scalar_t* pb = pp + b * kvol * cin * cpad;
+        std::fill(pb, pb + kvol * cin * cpad, scalar_t(0));
         backward_rows(avx2, xp, gp, wp, cin, cout, cpad, g, i0, i1, dxp, pb);
-      }
+      };
     });
   });
   // Block partials in order (a fixed order: the blocks don't depend on the thread count).
