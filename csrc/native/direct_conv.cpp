@@ -253,12 +253,13 @@ void direct_conv_backward(const at::Tensor& x, const at::Tensor& weights, const 
     const at::Tensor wpad = pad_columns(weights, cpad);
     const scalar_t* wp = wpad.const_data_ptr<scalar_t>();
     // Blocks handed out one at a time: a thread the OS deschedules (a busy machine) leaves its blocks to the
-    // others. Each block zeroes its own partial, in its task.
+    // others. Each block zeroes its own partial and dX rows, in its task.
     run_tasks(n_blocks, [&] {
       return [&](int64_t b) {
         const int64_t i0 = b * rows, i1 = std::min(n_in, i0 + rows);
         scalar_t* pb = pp + b * kvol * cin * cpad;
         std::fill(pb, pb + kvol * cin * cpad, scalar_t(0));
+        std::fill(dxp + i0 * cin, dxp + i1 * cin, scalar_t(0));
         backward_rows(avx2, xp, gp, wp, cin, cout, cpad, g, i0, i1, dxp, pb);
       };
     });

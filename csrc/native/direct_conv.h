@@ -12,11 +12,11 @@ namespace native {
 constexpr int64_t kDirectMaxInChannels = 8;
 
 // dst[pair_out[p]] = sum over the pairs p of row (in offset order) of x[pair_in[p]] @ W_k.
-// x [n_in, c_in], weights [kvol, c_in, c_out] contiguous, dst [n_out, c_out] zero on entry; float/double.
+// x [n_in, c_in], weights [kvol, c_in, c_out] contiguous, dst [n_out, c_out] overwritten; float/double.
 void direct_conv_forward(const at::Tensor& x, const at::Tensor& weights, const int32_t* pair_in,
                          const int32_t* pair_out, const int64_t* offsets, at::Tensor& dst);
 
-// dx [n_in, c_in] (zero on entry) = sum over the pairs of dy[pair_out[p]] @ W_k^T;
+// dx [n_in, c_in] (overwritten) = sum over the pairs of dy[pair_out[p]] @ W_k^T;
 // dw [kvol, c_in, c_out] is overwritten with sum_p x[pair_in[p]]^T dy[pair_out[p]].
 void direct_conv_backward(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
                           const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets, at::Tensor& dx,

@@ -184,6 +184,7 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
       return [&, a, out](int64_t t) {
         const int64_t b = order[t];
         const int64_t r0 = b * blocks.rows, r1 = std::min(n_dst, r0 + blocks.rows);
+        std::fill(y + r0 * c_dst, y + r1 * c_dst, scalar_t(0));
         for (int64_t k = 0; k < kvol; ++k) {
           if (identity[k]) {  // rows map to themselves: accumulate straight into the block
             dst.narrow(0, r0, r1 - r0).addmm_(src.narrow(0, r0, r1 - r0), w[k]);
@@ -312,6 +313,7 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
         };
         for (int64_t blk = first_block[g]; blk < first_block[g + 1]; ++blk) {
           const int64_t r0 = blk * blocks.rows, r1 = std::min(n_in, r0 + blocks.rows);
+          std::fill(dxp + r0 * c_in, dxp + r1 * c_in, scalar_t(0));
           for (int64_t k = 0; k < kvol; ++k) {
             if (identity[k]) {  // rows map to themselves: no gather or scatter
               at::Tensor xs = x.narrow(0, r0, r1 - r0), gs = dy.narrow(0, r0, r1 - r0);
@@ -338,7 +340,7 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
       };
     });
   });
-  for (int64_t g = 1; g < n_groups; ++g) dw.add_(part[g - 1]);
+  add_partial_runs({{0, 0, n_groups - 1}}, dw.numel(), part, dw);
 }
 
 }  // namespace

@@ -10,15 +10,17 @@
 namespace spconv {
 namespace native {
 
-// dst[scatter[p]] += src[gather[p]] @ W_k (or @ W_k^T when transpose_w) for every pair p of offset k.
-// src [n_src, c_src], weights [kvol, c_in, c_out], dst [n_dst, c_dst] zero-initialised; float/double.
+// dst[scatter[p]] = sum over the pairs p writing that row of src[gather[p]] @ W_k (or @ W_k^T when
+// transpose_w), zero for rows without pairs. src [n_src, c_src], weights [kvol, c_in, c_out], dst [n_dst,
+// c_dst] contiguous and overwritten (each task zeroes its block's rows while they are in cache: no zero-fill
+// pass over memory); float/double.
 void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool transpose_w,
                          const int32_t* gather, const int32_t* scatter, const int64_t* offsets, at::Tensor& dst);
 
 // Backward of the above (transpose_w=false) in one pass over the pairs, dY gathered once per pair
 // (dW summed per block of input rows, then over the blocks in order):
 // dx[pair_in[p]] += dy[pair_out[p]] @ W_k^T and dw[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]].
-// dx [n_in, c_in] zero-initialised; dw [kvol, c_in, c_out] is overwritten.
+// dx [n_in, c_in] contiguous and dw [kvol, c_in, c_out] are overwritten.
 void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
                                   const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
                                   at::Tensor& dx, at::Tensor& dw);

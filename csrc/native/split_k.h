@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "partial_sums.h"
+
 namespace spconv {
 namespace native {
 
@@ -46,10 +48,16 @@ inline SplitK plan_split_k(const int64_t* offsets, int64_t kvol, int64_t c_in, i
   return p;
 }
 
-// dw[k] += the partials of its later segments, in segment order.
+// dw[k] += the partials of its later segments, in segment order (an offset's slots are consecutive).
 inline void add_partials(const SplitK& p, const at::Tensor& part, at::Tensor& dw) {
-  for (const KSegment& sg : p.segs)
-    if (sg.slot >= 0) dw[sg.k].add_(part[sg.slot]);
+  const int64_t len = dw.numel() / std::max<int64_t>(dw.size(0), 1);
+  std::vector<PartialRun> runs;
+  for (const KSegment& sg : p.segs) {
+    if (sg.slot < 0) continue;
+    if (!runs.empty() && runs.back().at == sg.k * len) ++runs.back().count;
+    else runs.push_back({sg.k * len, sg.slot, 1});
+  }
+  add_partial_runs(runs, len, part, dw);
 }
 
 }  // namespace native

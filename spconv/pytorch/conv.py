@@ -202,7 +202,7 @@ class SparseConvForward:
                 out = _grouped.conv1x1_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups))
                 out = self._finish(out, bias, add_input, act, alpha)
             else:
-                out = torch.mm(features, weight.view(self.in_channels, self.out_channels))
+                out = Fsp.conv1x1(features, weight.view(self.in_channels, self.out_channels))
                 out = self._finish(out, bias, add_input, act, alpha)
             return input.with_structure(out, input.indices, out_spatial_shape, input.indice_dict)
 

@@ -3,7 +3,7 @@ import torch
 
 from spconv import _backend
 from spconv.pytorch import ops, pair_rounds
-from spconv.pytorch.core import PairMaps
+from spconv.pytorch.core import PairMaps, make_map_info
 
 
 def weight_to_filters(weight: torch.Tensor) -> torch.Tensor:
@@ -20,6 +20,20 @@ def conv_features(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps,
         if len(parts) > 1:
             return pair_rounds.sum_rounds([_conv_one(features, filters, p, num_out) for p in parts])
     return _conv_one(features, filters, maps, num_out)
+
+
+def conv1x1(features: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """A 1x1 convolution (kernel volume 1, stride 1): ``features @ matrix``, matrix ``[Cin, Cout]``. On the CPU
+    it runs as the native op over the identity map: the vendor GEMM's own threading splits the products by the
+    thread count, and on some CPUs (Intel's, with MKL) that changes dW's bits with torch.set_num_threads; the
+    native route's fixed row blocks and split-K segments don't."""
+    if _backend.runs_gpu_code(features.device):
+        return torch.mm(features, matrix)
+    n = features.shape[0]
+    ident = torch.arange(n, dtype=torch.int32, device=features.device)
+    offsets = torch.tensor([0, n], dtype=torch.int64, device=features.device)
+    info = None if torch.compiler.is_compiling() else make_map_info(offsets, n, n, True)
+    return ops._ops.indice_conv(features, matrix.unsqueeze(0), ident, ident, offsets, n, info)
 
 
 def _conv_one(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:

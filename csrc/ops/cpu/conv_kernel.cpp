@@ -23,7 +23,7 @@ at::Tensor indice_conv_cpu(const at::Tensor& features, const at::Tensor& filters
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous();
   at::Tensor w = filters.to(ct).contiguous();
-  at::Tensor out = zeros_output({num_out, filters.size(2)}, x.options());
+  at::Tensor out = empty_output({num_out, filters.size(2)}, x.options());  // every row is written
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
   check_pair_rows(pin, pout, po, x.size(0), num_out, map_info);
   native::gather_gemm_scatter(x, w, /*transpose_w=*/false, pin.const_data_ptr<int32_t>(),
@@ -43,7 +43,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_cpu(const at::Tensor& fe
   at::Tensor dy = out_grad.to(ct).contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
   check_pair_rows(pin, pout, po, x.size(0), dy.size(0), map_info);
-  at::Tensor dx = zeros_output(x.sizes(), x.options());
+  at::Tensor dx = empty_output(x.sizes(), x.options());  // every row is written
   at::Tensor dw = at::empty_like(w);
   native::gather_gemm_scatter_backward(x, w, dy, pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
                                        po.const_data_ptr<int64_t>(), dx, dw);
