@@ -3,10 +3,12 @@
 #include "direct_conv.h"
 #include "fused_gemm.h"
 #include "one_thread_gemm.h"
+#include "partial_sums.h"
 #include "run_tasks.h"
 #include "split_k.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/ParallelGuard.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -169,9 +171,12 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   // FP32 on AVX-512 / AVX2, FP64 on AVX-512: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0:
   // the vendor GEMM).
   const bool fused_kernel = fused_cpu_gemm_enabled() && fused_gemm_ok_for(src.scalar_type(), c_src, c_dst);
-  // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput.
-  const at::Tensor w_rows =
-      fused_kernel ? (transpose_w ? weights.transpose(1, 2) : weights).contiguous() : at::Tensor();
+  // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput (on
+  // this thread: ATen's parallel copy would be a parallel region of its own for a few hundred kilobytes).
+  const at::Tensor w_rows = fused_kernel ? [&] {
+    c10::ParallelGuard this_thread(true);
+    return (transpose_w ? weights.transpose(1, 2) : weights).contiguous();
+  }() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "gather_gemm_scatter", [&] {
     const scalar_t* x = src.const_data_ptr<scalar_t>();
     scalar_t* y = dst.mutable_data_ptr<scalar_t>();
@@ -222,6 +227,7 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
   const std::vector<KSegment>& segs = plan.segs;
   const int64_t rows = plan.rows;
   at::Tensor part = at::empty({plan.n_partials, c_in, c_out}, x.options());
+  PartialsCountdown sums(plan, kvol);
   std::vector<int64_t> work(segs.size());
   for (size_t i = 0; i < segs.size(); ++i) work[i] = segs[i].end - segs[i].begin;
   const std::vector<int64_t> order = longest_first(work);
@@ -236,30 +242,32 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
       at::Tensor b = fused_kernel ? at::Tensor() : at::empty({rows, c_out}, x.options());
       return [&, a, b](int64_t t) {
         const KSegment& sg = segs[order[t]];
-        at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
-        if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
-          if (fused_kernel) {
-            fused_weight_grad_avx512(xp, c_in, gp, c_out, pair_in + sg.begin, pair_out + sg.begin,
-                                     sg.end - sg.begin, false, acc.mutable_data_ptr<scalar_t>());
+        [&] {
+          at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
+          if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+            if (fused_kernel) {
+              fused_weight_grad_avx512(xp, c_in, gp, c_out, pair_in + sg.begin, pair_out + sg.begin,
+                                       sg.end - sg.begin, false, acc.mutable_data_ptr<scalar_t>());
+              return;
+            }
+          }
+          if (identity[sg.k]) {  // rows map to themselves: no gather
+            const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
+            at::mm_out(acc, x.narrow(0, r0, n).t(), dy.narrow(0, r0, n));
             return;
           }
-        }
-        if (identity[sg.k]) {  // rows map to themselves: no gather
-          const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
-          at::mm_out(acc, x.narrow(0, r0, n).t(), dy.narrow(0, r0, n));
-          return;
-        }
-        for (int64_t c0 = sg.begin; c0 < sg.end; c0 += rows) {
-          const int64_t m = std::min(rows, sg.end - c0);
-          gather_rows(xp, c_in, pair_in + c0, m, a.mutable_data_ptr<scalar_t>());
-          gather_rows(gp, c_out, pair_out + c0, m, b.mutable_data_ptr<scalar_t>());
-          if (c0 == sg.begin) at::mm_out(acc, a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
-          else acc.addmm_(a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
-        }
+          for (int64_t c0 = sg.begin; c0 < sg.end; c0 += rows) {
+            const int64_t m = std::min(rows, sg.end - c0);
+            gather_rows(xp, c_in, pair_in + c0, m, a.mutable_data_ptr<scalar_t>());
+            gather_rows(gp, c_out, pair_out + c0, m, b.mutable_data_ptr<scalar_t>());
+            if (c0 == sg.begin) at::mm_out(acc, a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
+            else acc.addmm_(a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
+          }
+        }();
+        sums.segment_done(sg, part.const_data_ptr<scalar_t>(), dw.mutable_data_ptr<scalar_t>(), c_in * c_out);
       };
     });
   });
-  add_partials(plan, part, dw);
 }
 
 // Backward in one pass over blocks of input rows (dY gathered once per pair for both products, and a block's
@@ -340,7 +348,7 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
       };
     });
   });
-  add_partial_runs({{0, 0, n_groups - 1}}, dw.numel(), part, dw);
+  add_partials_in_order(part, dw);
 }
 
 }  // namespace

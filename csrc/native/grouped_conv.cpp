@@ -609,6 +609,7 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
   const std::vector<KSegment>& segs = plan.segs;
   const int64_t rows = plan.rows;
   at::Tensor part = at::empty({plan.n_partials, G, cig, cog}, x.options());
+  PartialsCountdown sums(plan, kvol);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "grouped_weight_grad", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
@@ -628,10 +629,10 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
             else out.addmm_(lhs, rhs);
           }
         }
+        sums.segment_done(sg, part.const_data_ptr<scalar_t>(), dw.mutable_data_ptr<scalar_t>(), G * cig * cog);
       };
     });
   });
-  add_partials(plan, part, dw);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -7,10 +7,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
-
-#include "partial_sums.h"
 
 namespace spconv {
 namespace native {
@@ -48,17 +47,36 @@ inline SplitK plan_split_k(const int64_t* offsets, int64_t kvol, int64_t c_in, i
   return p;
 }
 
-// dw[k] += the partials of its later segments, in segment order (an offset's slots are consecutive).
-inline void add_partials(const SplitK& p, const at::Tensor& part, at::Tensor& dw) {
-  const int64_t len = dw.numel() / std::max<int64_t>(dw.size(0), 1);
-  std::vector<PartialRun> runs;
-  for (const KSegment& sg : p.segs) {
-    if (sg.slot < 0) continue;
-    if (!runs.empty() && runs.back().at == sg.k * len) ++runs.back().count;
-    else runs.push_back({sg.k * len, sg.slot, 1});
+// dw[k] += the partials of its later segments, in segment order, added by the task that finishes the offset's
+// last segment: no pass of its own over the partials, and no parallel region (on a busy machine each region's
+// barrier waits for a descheduled thread). The adds' order is fixed: the bits don't depend on which thread
+// finishes last.
+class PartialsCountdown {
+ public:
+  explicit PartialsCountdown(const SplitK& p, int64_t kvol) : left_(kvol), first_(kvol, -1), count_(kvol, 0) {
+    for (const KSegment& sg : p.segs) {
+      left_[sg.k].fetch_add(1, std::memory_order_relaxed);
+      if (sg.slot < 0) continue;
+      if (first_[sg.k] < 0) first_[sg.k] = sg.slot;  // an offset's slots are consecutive
+      ++count_[sg.k];
+    }
   }
-  add_partial_runs(runs, len, part, dw);
-}
+
+  // After segment sg's product is written; part [n_partials, len], dw [kvol, len].
+  template <typename T>
+  void segment_done(const KSegment& sg, const T* part, T* dw, int64_t len) {
+    if (left_[sg.k].fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // acquire: the others' partials
+    T* d = dw + sg.k * len;
+    for (int64_t j = 0; j < count_[sg.k]; ++j) {
+      const T* s = part + (first_[sg.k] + j) * len;
+      for (int64_t i = 0; i < len; ++i) d[i] += s[i];
+    }
+  }
+
+ private:
+  std::vector<std::atomic<int64_t>> left_;
+  std::vector<int64_t> first_, count_;
+};
 
 }  // namespace native
 }  // namespace spconv
