@@ -61,6 +61,24 @@ def test_bitwise_across_runs_and_threads(case):
             assert torch.equal(a, b), f"tensor {i} differs with {threads} threads"
 
 
+@pytest.mark.parametrize("c_in,c_out", [(64, 64), (8, 96)])
+def test_1x1_conv_bitwise_across_threads_and_matches_mm(c_in, c_out):
+    # A 1x1 conv is a plain GEMM; the vendor GEMM's own threading changes dW's bits with the thread count on
+    # some CPUs, so the CPU route runs it over the identity map in fixed blocks and split-K segments.
+    x = random_sparse(3, [48, 48, 24], 1, c_in, density=0.5, seed=3)
+    torch.manual_seed(0)
+    net = spconv_pt.SparseSequential(spconv_pt.SubMConv3d(c_in, c_out, 1, bias=False))
+    runs = [_run(net, x, t) for t in (1, 2, 1)]
+    for got in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], got))
+    w = net[0].weight.detach().view(c_in, c_out).double()
+    f = x.features.double()
+    assert torch.allclose(runs[0][0].double(), f @ w, rtol=1e-4, atol=1e-4)
+    g = torch.linspace(-1, 1, runs[0][0].numel(), dtype=torch.float64).reshape(runs[0][0].shape)
+    assert torch.allclose(runs[0][2].double(), g @ w.t(), rtol=1e-4, atol=1e-4)
+    assert torch.allclose(runs[0][3].double().view(c_in, c_out), f.t() @ g, rtol=1e-4, atol=1e-3)
+
+
 def test_bitwise_across_runs_with_batch_norm():
     x = random_sparse(3, [16, 16, 8], 2, 3, density=0.3, seed=1)
     torch.manual_seed(0)
