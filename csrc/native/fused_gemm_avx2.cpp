@@ -1,4 +1,5 @@
 #include "fused_gemm.h"
+#include "prefetch_rows.h"
 
 #include <algorithm>
 
@@ -83,11 +84,17 @@ SPCONV_TARGET_AVX2 inline void tile8(const float* x, int64_t cin, const int32_t*
 using Tile = void (*)(const float*, int64_t, const int32_t*, const int32_t*, int64_t, const float*, int64_t, int64_t,
                       float*);
 
+// The first column pass prefetches the next tile's rows (SubM forward on the real scan: 64 channels 6%, 128
+// 4-8%; synthetic 10k-100k rows 1-2% slower); later passes find the rows in L1/L2.
 template <Tile T>
 SPCONV_TARGET_AVX2 void columns(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
                                 int64_t m, const float* w, int64_t cout, int64_t j0, float* y) {
-  for (int64_t p = 0; p < m; p += kRows)
+  const bool prefetch = j0 == 0;
+  for (int64_t p = 0; p < m; p += kRows) {
+    if (prefetch && p + kRows < m)
+      prefetch_rows(x, cin, gather + p + kRows, std::min<int64_t>(kRows, m - p - kRows));
     T(x, cin, gather + p, scatter + p, std::min<int64_t>(kRows, m - p), w, cout, j0, y);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,20 @@
+// Software prefetch of gathered rows: a kernel requests the next tile's rows while it computes this one. The
+// gathers miss the cache in no order a hardware prefetcher follows.
+#pragma once
+#include <cstdint>
+
+namespace spconv {
+namespace native {
+
+// Every cache line of rows gather[0..rows) of x (cols elements each).
+template <typename T>
+inline void prefetch_rows(const T* x, int64_t cols, const int32_t* gather, int64_t rows) {
+  const int64_t bytes = cols * static_cast<int64_t>(sizeof(T));
+  for (int64_t i = 0; i < rows; ++i) {
+    const char* r = reinterpret_cast<const char*>(x + static_cast<int64_t>(gather[i]) * cols);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(r + b, 0, 3);
+  }
+}
+
+}  // namespace native
+}  // namespace spconv
