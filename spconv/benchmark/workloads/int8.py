@@ -3,6 +3,7 @@
 the FP32 peak (torch.mm 2048^3) of the same run. The int8 modules are ``quantization.quantized.SparseConv``
 built from the float layers with scales from one FP32 pass (max |value| / 127), as a calibrated PTQ gives."""
 import functools
+import warnings
 from typing import List
 
 import torch
@@ -40,7 +41,9 @@ def quantize_layer(conv, out_scale: float) -> QSparseConv:
     """The int8 module of a float conv: per-channel symmetric weights, the given output scale."""
     w = conv.weight.detach().float()
     ws = (w.abs().reshape(w.shape[0], -1).amax(1) / 127).clamp_min(1e-12).double()
-    qw = torch.quantize_per_channel(w, ws, torch.zeros_like(ws, dtype=torch.long), 0, torch.qint8)
+    with warnings.catch_warnings():  # torch 2.13 flags its quantized tensors deprecated; the int8 API takes them
+        warnings.filterwarnings("ignore", message="torch.quantize_per_tensor", category=UserWarning)
+        qw = torch.quantize_per_channel(w, ws, torch.zeros_like(ws, dtype=torch.long), 0, torch.qint8)
     q = QSparseConv(**conv_init_args(conv), bias=conv.bias is not None, device=w.device)
     q.set_weight_bias(qw, conv.bias)
     q.scale = out_scale
