@@ -27,15 +27,24 @@ void fused_weight_grad_avx512(const float* x, int64_t cin, const float* dy, int6
                               const int32_t* out, int64_t m, bool accumulate, float* dw);
 void fused_weight_grad_avx512(const double* x, int64_t cin, const double* dy, int64_t cout, const int32_t* in,
                               const int32_t* out, int64_t m, bool accumulate, double* dw);
+// AVX2 (float, cout a multiple of 8): tiles of 6 input channels x 16 output channels, the same chains (bits).
+void fused_weight_grad_avx2(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
+                            const int32_t* out, int64_t m, bool accumulate, float* dw);
+
+// AVX2 dW kernel only up to this many output channels. SubM 3^3, 10k voxels, backward, in-process A/B against
+// the vendor GEMM with MKL capped to AVX2: 16 channels 33% faster, 32 6-8%, 64 within +-3%, 128 5-9% slower.
+constexpr int64_t kAvx2MaxWeightGradCout = 64;
 
 // Channels per 512-bit vector.
 template <typename T>
 constexpr int64_t kAvx512Lanes = 64 / static_cast<int64_t>(sizeof(T));
 
-// True when this CPU has a dW kernel for the shape (float and double).
+// True when this CPU has a dW kernel for the shape: float on AVX-512 or AVX2, double on AVX-512.
 template <typename T>
 inline bool fused_weight_grad_ok(int64_t cin, int64_t cout) {
-  return cin > 0 && cout > 0 && cout % kAvx512Lanes<T> == 0 && cpu_has_avx512f();
+  if (cin <= 0 || cout <= 0) return false;
+  if (cpu_has_avx512f() && cout % kAvx512Lanes<T> == 0) return true;
+  return sizeof(T) == sizeof(float) && cpu_has_avx2_fma() && cout % 8 == 0 && cout <= kAvx2MaxWeightGradCout;
 }
 
 // True when this CPU has a forward kernel for the shape: float on AVX-512 or AVX2, double on AVX-512.
@@ -52,6 +61,19 @@ inline void fused_gather_gemm_scatter(const float* x, int64_t cin, const int32_t
     fused_gather_gemm_scatter_avx512(x, cin, gather, scatter, m, w, cout, y);
   else
     fused_gather_gemm_scatter_avx2(x, cin, gather, scatter, m, w, cout, y);
+}
+
+inline void fused_weight_grad(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
+                              const int32_t* out, int64_t m, bool accumulate, float* dw) {
+  if (cpu_has_avx512f() && cout % 16 == 0)
+    fused_weight_grad_avx512(x, cin, dy, cout, in, out, m, accumulate, dw);
+  else
+    fused_weight_grad_avx2(x, cin, dy, cout, in, out, m, accumulate, dw);
+}
+
+inline void fused_weight_grad(const double* x, int64_t cin, const double* dy, int64_t cout, const int32_t* in,
+                              const int32_t* out, int64_t m, bool accumulate, double* dw) {
+  fused_weight_grad_avx512(x, cin, dy, cout, in, out, m, accumulate, dw);
 }
 
 inline void fused_gather_gemm_scatter(const double* x, int64_t cin, const int32_t* gather, const int32_t* scatter,

@@ -97,7 +97,64 @@ SPCONV_TARGET_AVX2 void columns(const float* x, int64_t cin, const int32_t* gath
   }
 }
 
+// ---- the filter gradient ----
+constexpr int64_t kChunk = 256;  // pairs per dW pass: their x and dy rows stay in L2 over all the tiles
+
+// dw rows [c0, c0 + rows) x columns [j0, j0 + 8 * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
+// pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`): the
+// AVX-512 kernel's chains, so both give the same bits. 6 x 2 accumulators, 2 dy vectors, 1 broadcast.
+template <int NV>
+SPCONV_TARGET_AVX2 void dw_tile(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
+                                const int32_t* out, int64_t m, int64_t c0, int64_t rows, int64_t j0, bool fresh,
+                                float* dw) {
+  int64_t col[kRows];  // the channel each register row reads (the rows past `rows` repeat the first)
+  for (int i = 0; i < kRows; ++i) col[i] = c0 + (i < rows ? i : 0);
+  __m256 acc[kRows][NV];
+#pragma GCC unroll 6
+  for (int i = 0; i < kRows; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v)
+      acc[i][v] = fresh || i >= rows ? _mm256_setzero_ps() : _mm256_loadu_ps(dw + col[i] * cout + j0 + 8 * v);
+  for (int64_t p = 0; p < m; ++p) {
+    const float* xr = x + int64_t{in[p]} * cin;
+    const float* gr = dy + int64_t{out[p]} * cout + j0;
+    __m256 b[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) b[v] = _mm256_loadu_ps(gr + 8 * v);
+#pragma GCC unroll 6
+    for (int i = 0; i < kRows; ++i) {
+      const __m256 a = _mm256_broadcast_ss(xr + col[i]);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(a, b[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < kRows; ++i) {
+    if (i >= rows) break;
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(dw + (c0 + i) * cout + j0 + 8 * v, acc[i][v]);
+  }
+}
+
 }  // namespace
+
+void fused_weight_grad_avx2(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
+                            const int32_t* out, int64_t m, bool accumulate, float* dw) {
+  if (m == 0) {
+    if (!accumulate) std::fill(dw, dw + cin * cout, 0.0f);
+    return;
+  }
+  for (int64_t p0 = 0; p0 < m; p0 += kChunk) {
+    const int64_t n = std::min(kChunk, m - p0);
+    const bool fresh = p0 == 0 && !accumulate;
+    for (int64_t c0 = 0; c0 < cin; c0 += kRows) {
+      const int64_t rows = std::min<int64_t>(kRows, cin - c0);
+      int64_t j0 = 0;
+      for (; j0 + 16 <= cout; j0 += 16) dw_tile<2>(x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
+      if (cout - j0 >= 8) dw_tile<1>(x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
+    }
+  }
+}
 
 void fused_gather_gemm_scatter_avx2(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
                                     int64_t m, const float* w, int64_t cout, float* y) {
@@ -109,6 +166,8 @@ void fused_gather_gemm_scatter_avx2(const float* x, int64_t cin, const int32_t* 
 #else
 void fused_gather_gemm_scatter_avx2(const float*, int64_t, const int32_t*, const int32_t*, int64_t, const float*,
                                     int64_t, float*) {}
+void fused_weight_grad_avx2(const float*, int64_t, const float*, int64_t, const int32_t*, const int32_t*, int64_t,
+                            bool, float*) {}
 #endif
 
 }  // namespace native

@@ -231,8 +231,8 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
   std::vector<int64_t> work(segs.size());
   for (size_t i = 0; i < segs.size(); ++i) work[i] = segs[i].end - segs[i].begin;
   const std::vector<int64_t> order = longest_first(work);
-  // FP32 and FP64 on AVX-512: each segment in one pass over its pairs, no gather buffers
-  // (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
+  // FP32 and FP64 on AVX-512, FP32 with up to 64 output channels on AVX2: each segment in one pass over its
+  // pairs, no gather buffers (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
   const bool fused_kernel = fused_cpu_gemm_enabled() && fused_weight_grad_ok_for(x.scalar_type(), c_in, c_out);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "weight_grad", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
@@ -246,8 +246,8 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
           at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
           if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
             if (fused_kernel) {
-              fused_weight_grad_avx512(xp, c_in, gp, c_out, pair_in + sg.begin, pair_out + sg.begin,
-                                       sg.end - sg.begin, false, acc.mutable_data_ptr<scalar_t>());
+              fused_weight_grad(xp, c_in, gp, c_out, pair_in + sg.begin, pair_out + sg.begin, sg.end - sg.begin,
+                                false, acc.mutable_data_ptr<scalar_t>());
               return;
             }
           }
