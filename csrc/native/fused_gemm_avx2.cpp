@@ -1,5 +1,6 @@
 #include "fused_gemm.h"
 #include "prefetch_rows.h"
+#include "weight_grad_loop.h"
 
 #include <algorithm>
 
@@ -98,7 +99,6 @@ SPCONV_TARGET_AVX2 void columns(const float* x, int64_t cin, const int32_t* gath
 }
 
 // ---- the filter gradient ----
-constexpr int64_t kChunk = 256;  // pairs per dW pass: their x and dy rows stay in L2 over all the tiles
 
 // dw rows [c0, c0 + rows) x columns [j0, j0 + 8 * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
 // pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`): the
@@ -140,20 +140,12 @@ SPCONV_TARGET_AVX2 void dw_tile(const float* x, int64_t cin, const float* dy, in
 
 void fused_weight_grad_avx2(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
                             const int32_t* out, int64_t m, bool accumulate, float* dw) {
-  if (m == 0) {
-    if (!accumulate) std::fill(dw, dw + cin * cout, 0.0f);
-    return;
-  }
-  for (int64_t p0 = 0; p0 < m; p0 += kChunk) {
-    const int64_t n = std::min(kChunk, m - p0);
-    const bool fresh = p0 == 0 && !accumulate;
-    for (int64_t c0 = 0; c0 < cin; c0 += kRows) {
-      const int64_t rows = std::min<int64_t>(kRows, cin - c0);
-      int64_t j0 = 0;
-      for (; j0 + 16 <= cout; j0 += 16) dw_tile<2>(x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
-      if (cout - j0 >= 8) dw_tile<1>(x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
-    }
-  }
+  auto tile = [&](int64_t p0, int64_t n, int64_t c0, int64_t rows, bool fresh) {
+    int64_t j0 = 0;
+    for (; j0 + 16 <= cout; j0 += 16) dw_tile<2>(x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
+    if (cout - j0 >= 8) dw_tile<1>(x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
+  };
+  weight_grad_loop(cin, cout, m, accumulate, kRows, dw, tile);
 }
 
 void fused_gather_gemm_scatter_avx2(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,

@@ -1,5 +1,6 @@
 #include "fused_gemm.h"
 #include "prefetch_rows.h"
+#include "weight_grad_loop.h"
 
 #include <algorithm>
 
@@ -103,7 +104,6 @@ void gather_gemm_scatter_columns(const T* x, int64_t cin, const int32_t* gather,
 }
 
 // ---- the filter gradient ----
-constexpr int64_t kChunk = 256;  // pairs per dW pass: their x and dy rows stay in L2 over all the tiles
 
 // dw rows [c0, c0 + rows) x columns [j0, j0 + lanes * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
 // pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`).
@@ -142,21 +142,13 @@ void weight_grad_tiles(const T* x, int64_t cin, const T* dy, int64_t cout, const
                           int64_t, int64_t, bool, T*);
   constexpr DwTile kDwTiles[] = {dw_tile<T, 1>, dw_tile<T, 2>, dw_tile<T, 3>, dw_tile<T, 4>};
   constexpr int64_t L = Vec<T>::kLanes, kPass = L * kMaxVectors;
-  if (m == 0) {
-    if (!accumulate) std::fill(dw, dw + cin * cout, T(0));
-    return;
-  }
-  for (int64_t p0 = 0; p0 < m; p0 += kChunk) {
-    const int64_t n = std::min(kChunk, m - p0);
-    const bool fresh = p0 == 0 && !accumulate;
-    for (int64_t c0 = 0; c0 < cin; c0 += kRows) {
-      const int64_t rows = std::min<int64_t>(kRows, cin - c0);
-      for (int64_t j0 = 0; j0 < cout; j0 += kPass) {
-        const int64_t nv = std::min(kPass, cout - j0) / L;
-        kDwTiles[nv - 1](x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
-      }
+  auto tile = [&](int64_t p0, int64_t n, int64_t c0, int64_t rows, bool fresh) {
+    for (int64_t j0 = 0; j0 < cout; j0 += kPass) {
+      const int64_t nv = std::min(kPass, cout - j0) / L;
+      kDwTiles[nv - 1](x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
     }
-  }
+  };
+  weight_grad_loop(cin, cout, m, accumulate, kRows, dw, tile);
 }
 
 }  // namespace

@@ -442,6 +442,34 @@ constexpr GroupTile kGroupTiles512Single[] = {group_tile512<1, 1>, group_tile512
                                               group_tile512<4, 1>, group_tile512<5, 1>, group_tile512<6, 1>,
                                               group_tile512<7, 1>, group_tile512<8, 1>};
 
+// Loads and stores of a depthwise tile's vectors: whole, or under each vector's lane mask.
+struct WholeVectors {
+  SPCONV_TARGET_AVX512 static __m512 load(__mmask16, const float* p) { return _mm512_loadu_ps(p); }
+  SPCONV_TARGET_AVX512 static void store(__mmask16, float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+};
+struct MaskedVectors {
+  SPCONV_TARGET_AVX512 static __m512 load(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+  SPCONV_TARGET_AVX512 static void store(__mmask16 m, float* p, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+};
+
+// One input row's pairs: acc (dx) += dy[o] * w[k], and the dW partial row k += x[i] * dy[o], in place.
+template <int NV, typename Mem>
+SPCONV_TARGET_AVX512 inline void depthwise_backward_pairs512(const float* w, const float* dy, int64_t C,
+                                                             const PairList& l, int64_t c0, const __mmask16* m,
+                                                             const __m512* xi, __m512* acc, float* part) {
+  for (int64_t j = 0; j < l.n; ++j) {
+    const float* d = dy + int64_t{l.other[j]} * C + c0;
+    const float* wk = w + int64_t{l.offset[j]} * C + c0;
+    float* pk = part + int64_t{l.offset[j]} * C + c0;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const __m512 dv = Mem::load(m[v], d + 16 * v);
+      acc[v] = _mm512_fmadd_ps(dv, Mem::load(m[v], wk + 16 * v), acc[v]);
+      Mem::store(m[v], pk + 16 * v, _mm512_fmadd_ps(xi[v], dv, Mem::load(m[v], pk + 16 * v)));
+    }
+  }
+}
+
 // Depthwise backward of one input row i, columns [c0, c0 + n) (n <= 16 * NV): as depthwise_backward_tile, in
 // one pass for a 128-channel row; each element's chains are the AVX2 tile's. Stream: as depthwise_tile512's.
 template <int NV, bool Stream = false>
@@ -456,32 +484,9 @@ SPCONV_TARGET_AVX512 void depthwise_backward_tile512(const float* x, const float
     acc[v] = _mm512_setzero_ps();
     xi[v] = _mm512_maskz_loadu_ps(m[v], x + i * C + c0 + 16 * v);
   }
-  if (n == 16 * NV) {  // whole vectors: plain loads and stores (masked ones took 10-18% longer on Intel)
-    for (int64_t j = 0; j < l.n; ++j) {
-      const float* d = dy + int64_t{l.other[j]} * C + c0;
-      const float* wk = w + int64_t{l.offset[j]} * C + c0;
-      float* pk = part + int64_t{l.offset[j]} * C + c0;
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const __m512 dv = _mm512_loadu_ps(d + 16 * v);
-        acc[v] = _mm512_fmadd_ps(dv, _mm512_loadu_ps(wk + 16 * v), acc[v]);
-        _mm512_storeu_ps(pk + 16 * v, _mm512_fmadd_ps(xi[v], dv, _mm512_loadu_ps(pk + 16 * v)));
-      }
-    }
-  } else {
-    for (int64_t j = 0; j < l.n; ++j) {
-      const float* d = dy + int64_t{l.other[j]} * C + c0;
-      const float* wk = w + int64_t{l.offset[j]} * C + c0;
-      float* pk = part + int64_t{l.offset[j]} * C + c0;
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const __m512 dv = _mm512_maskz_loadu_ps(m[v], d + 16 * v);
-        acc[v] = _mm512_fmadd_ps(dv, _mm512_maskz_loadu_ps(m[v], wk + 16 * v), acc[v]);
-        _mm512_mask_storeu_ps(pk + 16 * v, m[v],
-                              _mm512_fmadd_ps(xi[v], dv, _mm512_maskz_loadu_ps(m[v], pk + 16 * v)));
-      }
-    }
-  }
+  // Whole vectors take plain loads and stores (masked ones took 10-18% longer on Intel).
+  if (n == 16 * NV) depthwise_backward_pairs512<NV, WholeVectors>(w, dy, C, l, c0, m, xi, acc, part);
+  else depthwise_backward_pairs512<NV, MaskedVectors>(w, dy, C, l, c0, m, xi, acc, part);
   if constexpr (Stream) {
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) _mm512_stream_ps(dx + i * C + c0 + 16 * v, acc[v]);
