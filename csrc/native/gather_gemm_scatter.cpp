@@ -242,20 +242,14 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
       at::Tensor b = fused_kernel ? at::Tensor() : at::empty({rows, c_out}, x.options());
       return [&, a, b](int64_t t) {
         const KSegment& sg = segs[order[t]];
-        [&] {
-          at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
-          if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
-            if (fused_kernel) {
-              fused_weight_grad(xp, c_in, gp, c_out, pair_in + sg.begin, pair_out + sg.begin, sg.end - sg.begin,
-                                false, acc.mutable_data_ptr<scalar_t>());
-              return;
-            }
-          }
-          if (identity[sg.k]) {  // rows map to themselves: no gather
-            const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
-            at::mm_out(acc, x.narrow(0, r0, n).t(), dy.narrow(0, r0, n));
-            return;
-          }
+        at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
+        if (fused_kernel) {
+          fused_weight_grad(xp, c_in, gp, c_out, pair_in + sg.begin, pair_out + sg.begin, sg.end - sg.begin, false,
+                            acc.mutable_data_ptr<scalar_t>());
+        } else if (identity[sg.k]) {  // rows map to themselves: no gather
+          const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
+          at::mm_out(acc, x.narrow(0, r0, n).t(), dy.narrow(0, r0, n));
+        } else {
           for (int64_t c0 = sg.begin; c0 < sg.end; c0 += rows) {
             const int64_t m = std::min(rows, sg.end - c0);
             gather_rows(xp, c_in, pair_in + c0, m, a.mutable_data_ptr<scalar_t>());
@@ -263,7 +257,7 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
             if (c0 == sg.begin) at::mm_out(acc, a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
             else acc.addmm_(a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
           }
-        }();
+        }
         sums.segment_done(sg, part.const_data_ptr<scalar_t>(), dw.mutable_data_ptr<scalar_t>(), c_in * c_out);
       };
     });

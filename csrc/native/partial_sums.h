@@ -13,6 +13,15 @@
 namespace spconv {
 namespace native {
 
+// d[i] += parts[0][i], then parts[1][i], ... (count partials, stride elements apart), for i in [i0, i1).
+template <typename T>
+inline void add_in_order(T* d, const T* parts, int64_t count, int64_t stride, int64_t i0, int64_t i1) {
+  for (int64_t j = 0; j < count; ++j) {
+    const T* src = parts + j * stride;
+    for (int64_t i = i0; i < i1; ++i) d[i] += src[i];
+  }
+}
+
 // dst += parts[0], then parts[1], ...; dst and parts[i] contiguous, of one floating dtype and dst.numel()
 // elements each.
 inline void add_partials_in_order(const at::Tensor& parts, at::Tensor& dst) {
@@ -26,11 +35,7 @@ inline void add_partials_in_order(const at::Tensor& parts, at::Tensor& dst) {
     scalar_t* d = dst.mutable_data_ptr<scalar_t>();
     run_tasks(chunks, [&] {
       return [&](int64_t t) {
-        const int64_t i0 = t * kChunk, i1 = std::min(len, i0 + kChunk);
-        for (int64_t j = 0; j < n; ++j) {
-          const scalar_t* src = p + j * len;
-          for (int64_t i = i0; i < i1; ++i) d[i] += src[i];
-        }
+        add_in_order(d, p, n, len, t * kChunk, std::min(len, (t + 1) * kChunk));
       };
     });
   });

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "partial_sums.h"
+
 namespace spconv {
 namespace native {
 
@@ -66,11 +68,7 @@ class PartialsCountdown {
   template <typename T>
   void segment_done(const KSegment& sg, const T* part, T* dw, int64_t len) {
     if (left_[sg.k].fetch_sub(1, std::memory_order_acq_rel) != 1) return;  // acquire: the others' partials
-    T* d = dw + sg.k * len;
-    for (int64_t j = 0; j < count_[sg.k]; ++j) {
-      const T* s = part + (first_[sg.k] + j) * len;
-      for (int64_t i = 0; i < len; ++i) d[i] += s[i];
-    }
+    if (count_[sg.k] > 0) add_in_order(dw + sg.k * len, part + first_[sg.k] * len, count_[sg.k], len, 0, len);
   }
 
  private:

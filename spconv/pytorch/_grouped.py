@@ -23,7 +23,7 @@ import torch
 
 from spconv import _backend, constants
 from spconv.pytorch import _fused, pair_rounds
-from spconv.pytorch.core import make_map_info, map_info_input, map_info_of
+from spconv.pytorch.core import identity_map, map_info_input, map_info_of
 
 
 def check_groups(in_channels: int, out_channels: int, groups) -> int:
@@ -116,9 +116,8 @@ def tables(maps, with_reverse: bool):
 
 def conv1x1_grouped(features: torch.Tensor, filters: torch.Tensor) -> torch.Tensor:
     """Kernel volume 1, no map: row i feeds row i (the identity table; its own reverse)."""
-    n = features.shape[0]
-    ident = torch.arange(n, dtype=torch.int32, device=features.device).view(-1, 1)
-    info = None if torch.compiler.is_compiling() else make_map_info(torch.tensor([0, n]), n, n, True)
+    rows, _, info = identity_map(features.shape[0], features.device)
+    ident = rows.view(-1, 1)
     return _backend.ops.grouped_conv(features, filters, ident, ident, info)
 
 

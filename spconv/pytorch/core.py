@@ -1,4 +1,5 @@
 """SparseConvTensor and the kernel-map records stored in its ``indice_dict`` (spconv 2.x: ``spconv.pytorch.core``)."""
+import functools
 import math
 from typing import Any, Dict, List, Optional, Union
 
@@ -25,6 +26,26 @@ def make_map_info(offsets_host: torch.Tensor, in_rows: int, out_rows: int, repea
     pair_offsets then in_rows, out_rows, repeat_free."""
     extras = torch.tensor([int(in_rows), int(out_rows), int(bool(repeat_free))], dtype=torch.int64)
     return torch.cat([offsets_host.to(device="cpu", dtype=torch.int64).reshape(-1), extras])
+
+
+def identity_map(n: int, device: torch.device):
+    """The identity map of n rows (row i feeds row i), for kernel-volume-1 convs without a stored map: pairs int32
+    [n], pair offsets [0, n] and the host record (None while tracing: the ops then check the map themselves).
+    Cached per size: a network's 1x1 convs see a few row counts, over and over."""
+    if torch.compiler.is_compiling():
+        return (*_identity_rows(n, device), None)
+    return _cached_identity_map(n, device)
+
+
+def _identity_rows(n: int, device: torch.device):
+    return (torch.arange(n, dtype=torch.int32, device=device),
+            torch.tensor([0, n], dtype=torch.int64, device=device))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_identity_map(n: int, device: torch.device):
+    rows, offsets = _identity_rows(n, device)
+    return rows, offsets, make_map_info(offsets, n, n, True)
 
 
 def map_info_of(maps) -> Optional[torch.Tensor]:

@@ -1,11 +1,9 @@
 """Feature computation of sparse layers: the route choice and autograd wiring (spconv 2.x: ``functional``)."""
-import functools
-
 import torch
 
 from spconv import _backend
 from spconv.pytorch import ops, pair_rounds
-from spconv.pytorch.core import PairMaps, make_map_info
+from spconv.pytorch.core import PairMaps, identity_map
 
 
 def weight_to_filters(weight: torch.Tensor) -> torch.Tensor:
@@ -32,24 +30,8 @@ def conv1x1(features: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     if _backend.runs_gpu_code(features.device):
         return torch.mm(features, matrix)
     n = features.shape[0]
-    if torch.compiler.is_compiling():  # traced: no host record (the op checks the map itself)
-        (ident, offsets), info = _identity_map_tensors(n, features.device), None
-    else:
-        ident, offsets, info = _identity_map(n, features.device)
+    ident, offsets, info = identity_map(n, features.device)
     return ops._ops.indice_conv(features, matrix.unsqueeze(0), ident, ident, offsets, n, info)
-
-
-def _identity_map_tensors(n: int, device: torch.device):
-    return (torch.arange(n, dtype=torch.int32, device=device),
-            torch.tensor([0, n], dtype=torch.int64, device=device))
-
-
-@functools.lru_cache(maxsize=16)
-def _identity_map(n: int, device: torch.device):
-    """The identity map of n rows (a network's 1x1 convs see a few sizes, over and over): pairs, offsets and
-    the host record."""
-    ident, offsets = _identity_map_tensors(n, device)
-    return ident, offsets, make_map_info(offsets, n, n, True)
 
 
 def _conv_one(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
