@@ -92,7 +92,7 @@ def _check_inverse(inv, y, x, groups):
 # loops) and 1 -> 2 (a channel multiplier).
 @pytest.mark.parametrize("cin,cout,groups", [(64, 64, 64), (40, 40, 40), (136, 136, 136), (32, 32, 4),
                                              (32, 64, 4), (64, 128, 8), (64, 64, 4), (128, 128, 8), (128, 128, 4),
-                                             (160, 160, 2), (9, 9, 3), (8, 16, 8), (16, 16, 16)])
+                                             (160, 160, 2), (48, 48, 2), (9, 9, 3), (8, 16, 8), (16, 16, 16)])
 def test_channel_shapes_subm3d(cin, cout, groups):
     torch.manual_seed(cin + groups)
     layer = _layer("subm", 3, cin, cout, groups)
@@ -274,16 +274,18 @@ def test_opcheck(cin, cout, groups):
                           (feats.detach(), filters.detach(), dy, *pairs))
 
 
-# cig 16: the bucketed forward of wide groups (AVX-512 CPUs); 3: the row loop; depthwise: its own row loop.
+# cig 16: the bucketed forward of wide groups; 3: the row loop; depthwise: its own row loop. Entry 3 lies in the
+# first vector of a row's compaction, the next-to-last one in its partial last vector (27 = 8 + 8 + 8 + 3).
 @pytest.mark.parametrize("cig,cout,groups", [(3, 64, 4), (16, 64, 4), (1, 48, 48)])
 def test_table_entries_out_of_range_raise(cig, cout, groups):
     feats, filters, _, nbr, nbr_t = _ops_case(cin=groups * cig, cout=cout, groups=groups)
     good = torch.ops.spconv.grouped_conv(feats, filters, nbr, nbr_t)
     for value in (feats.shape[0], -5, -2 ** 31, 2 ** 31 - 1):  # the extremes of an unsigned compare
-        bad = nbr.clone()
-        bad[-1, 3] = value
-        with pytest.raises(ValueError, match="nbr holds rows outside"):
-            torch.ops.spconv.grouped_conv(feats, filters, bad, nbr_t)
+        for entry in (3, nbr.shape[1] - 2):
+            bad = nbr.clone()
+            bad[-1, entry] = value
+            with pytest.raises(ValueError, match="nbr holds rows outside"):
+                torch.ops.spconv.grouped_conv(feats, filters, bad, nbr_t)
     assert torch.equal(torch.ops.spconv.grouped_conv(feats, filters, nbr, nbr_t), good)
 
 

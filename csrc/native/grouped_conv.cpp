@@ -26,7 +26,7 @@ namespace {
 
 // Destination rows per parallel task of the forward: fixed, and each row is independent of the others.
 constexpr int64_t kRowGrain = 128;
-// Depthwise outputs of at least this many bytes are stored past the cache (AVX-512).
+// Depthwise outputs of at least this many bytes are stored past the cache.
 constexpr int64_t kStreamOutputBytes = int64_t{32} << 20;
 // Output columns accumulated in registers at a time (8 AVX vectors).
 constexpr int64_t kColTile = 64;
@@ -109,16 +109,77 @@ SPCONV_TARGET_AVX512 bool compact_rows_avx512(const GroupedRows& s, int64_t r0, 
   c.start[r1 - r0] = n;
   return bad == 0;
 }
+
+// For each 8-bit mask, the lanes it selects in ascending order, packed to the front (one byte per lane).
+constexpr std::array<uint64_t, 256> compress_lanes8() {
+  std::array<uint64_t, 256> t{};
+  for (int m = 0; m < 256; ++m) {
+    int n = 0;
+    for (int lane = 0; lane < 8; ++lane)
+      if (m >> lane & 1) t[m] |= static_cast<uint64_t>(lane) << (8 * n++);
+  }
+  return t;
+}
+constexpr std::array<uint64_t, 256> kCompressLanes8 = compress_lanes8();
+
+SPCONV_TARGET_AVX2 inline __m256i tail_mask(int64_t lanes) {  // the first `lanes` (0-8) lanes set
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// compact_rows_avx512 with 8 entries per step: AVX2 has no compress, so a lane permutation looked up by the
+// valid mask packs them (measured: the scalar loop took half of a depthwise forward's time on an AVX2 CPU).
+SPCONV_TARGET_AVX2 bool compact_rows_avx2(const GroupedRows& s, int64_t r0, int64_t r1, CompactRows& c) {
+  const int64_t kvol = s.kvol;
+  // Unsigned compare against n_other through a sign flip: -1 and other negatives land above any row count.
+  const __m256i flip = _mm256_set1_epi32(INT32_MIN);
+  const __m256i limit = _mm256_xor_si256(_mm256_set1_epi32(static_cast<int32_t>(s.n_other)), flip);
+  const __m256i none = _mm256_set1_epi32(-1);
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  int bad = 0;
+  int64_t n = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    c.start[r - r0] = n;
+    const int32_t* t = s.table + r * kvol;
+    for (int64_t j0 = 0; j0 < kvol; j0 += 8) {
+      const __m256i in = tail_mask(kvol - j0);
+      const __m256i v = kvol - j0 >= 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + j0))
+                                       : _mm256_maskload_epi32(t + j0, in);
+      const __m256i ok = _mm256_and_si256(in, _mm256_cmpgt_epi32(limit, _mm256_xor_si256(v, flip)));
+      const int mask = _mm256_movemask_ps(_mm256_castsi256_ps(ok));
+      bad |= _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpeq_epi32(v, none), in))) & ~mask;
+      const __m256i perm = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(kCompressLanes8[mask])));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c.other.data() + n), _mm256_permutevar8x32_epi32(v, perm));
+      const __m256i k = _mm256_add_epi32(iota, _mm256_set1_epi32(static_cast<int32_t>(j0)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c.offset.data() + n), _mm256_permutevar8x32_epi32(k, perm));
+      n += __builtin_popcount(static_cast<unsigned>(mask));
+    }
+  }
+  c.start[r1 - r0] = n;
+  return bad == 0;
+}
 #endif
 
 // Hands body(r, pairs) every row of [r0, r1) in order; a table's rows are compacted a chunk at a time.
-// Entries outside [-1, n_other) are skipped and make it return false. (Software prefetching of the gathered
-// rows, a few rows ahead, measured no gain: left out.)
+// Entries outside [-1, n_other) are skipped and make it return false. With `ahead`, the gathered rows of the
+// pairs kAheadRows rows on are prefetched first (AVX2 depthwise loops on a real scan: forward 15-25% faster;
+// an earlier AVX-512 measurement found no gain there).
+// Rows of x (cols values each) that a walk requests a few rows ahead of its body (x == nullptr: none).
+struct Ahead {
+  const float* x = nullptr;
+  int64_t cols = 0;
+};
+constexpr int64_t kAheadRows = 2;
+
 template <typename Body>
-bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body) {
+bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body, Ahead ahead = {}) {
   if (s.table == nullptr) {
-    for (int64_t r = r0; r < r1; ++r)
+    for (int64_t r = r0; r < r1; ++r) {
+      if (ahead.x != nullptr && r + kAheadRows < r1) {
+        const int64_t a = r + kAheadRows;
+        prefetch_rows(ahead.x, ahead.cols, s.other + s.start[a], s.start[a + 1] - s.start[a]);
+      }
       body(r, PairList{s.other + s.start[r], s.offset + s.start[r], s.start[r + 1] - s.start[r]});
+    }
     return true;
   }
   if (r0 >= r1) return true;
@@ -134,12 +195,18 @@ bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body) {
   for (int64_t q0 = r0; q0 < r1; q0 += chunk) {
     const int64_t q1 = std::min(r1, q0 + chunk);
 #if SPCONV_HAVE_AVX2_PATH
-    ok &= cpu_has_avx512f() ? compact_rows_avx512(s, q0, q1, c) : compact_rows_base(s, q0, q1, c);
+    ok &= cpu_has_avx512f()  ? compact_rows_avx512(s, q0, q1, c)
+           : cpu_has_avx2_fma() ? compact_rows_avx2(s, q0, q1, c)
+                                : compact_rows_base(s, q0, q1, c);
 #else
     ok &= compact_rows_base(s, q0, q1, c);
 #endif
     for (int64_t r = q0; r < q1; ++r) {
       const int64_t b = c.start[r - q0];
+      if (ahead.x != nullptr && r + kAheadRows < q1) {
+        const int64_t a = c.start[r + kAheadRows - q0];
+        prefetch_rows(ahead.x, ahead.cols, c.other.data() + a, c.start[r + kAheadRows - q0 + 1] - a);
+      }
       body(r, PairList{c.other.data() + b, c.offset.data() + b, c.start[r - q0 + 1] - b});
     }
   }
@@ -217,9 +284,6 @@ bool backward_rows_base(const T* x, const T* wt, const T* dy, int64_t G, int64_t
 // AVX2/FMA loops for float: whole-vector loads, the last vector of a row masked.
 
 #if SPCONV_HAVE_AVX2_PATH
-SPCONV_TARGET_AVX2 inline __m256i tail_mask(int64_t lanes) {  // the first `lanes` (0-8) lanes set
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 SPCONV_TARGET_AVX2 inline __m256 load_n(const float* p, int64_t lanes) {
   return lanes >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, tail_mask(lanes));
@@ -230,8 +294,9 @@ SPCONV_TARGET_AVX2 inline void store_n(float* p, __m256 v, int64_t lanes) {
   else _mm256_maskstore_ps(p, tail_mask(lanes), v);
 }
 
-// Depthwise forward, columns [c0, c0 + n) of one row (n <= 8 * NV), over its pairs.
-template <int NV>
+// Depthwise forward, columns [c0, c0 + n) of one row (n <= 8 * NV), over its pairs. Stream: whole, 32-byte
+// aligned vectors stored past the cache (see kStreamOutputBytes).
+template <int NV, bool Stream = false>
 SPCONV_TARGET_AVX2 void depthwise_tile(const float* x, const float* w, int64_t C, const PairList& l, int64_t c0,
                                        int64_t n, float* yrow) {
   __m256 acc[NV];
@@ -253,8 +318,13 @@ SPCONV_TARGET_AVX2 void depthwise_tile(const float* x, const float* w, int64_t C
         acc[v] = _mm256_fmadd_ps(load_n(xo + 8 * v, n - 8 * v), load_n(wk + 8 * v, n - 8 * v), acc[v]);
     }
   }
+  if constexpr (Stream) {
 #pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) store_n(yrow + c0 + 8 * v, acc[v], n - 8 * v);
+    for (int v = 0; v < NV; ++v) _mm256_stream_ps(yrow + c0 + 8 * v, acc[v]);
+  } else {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) store_n(yrow + c0 + 8 * v, acc[v], n - 8 * v);
+  }
 }
 
 // Grouped forward, group g, columns [t0, t0 + 8 * NV) of the group's cog (a multiple of 8), one row.
@@ -289,15 +359,19 @@ constexpr GroupTile kGroupTiles[] = {group_tile<1>, group_tile<2>, group_tile<3>
                                      group_tile<5>, group_tile<6>, group_tile<7>, group_tile<8>};
 
 bool forward_rows_avx2(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
-                       int64_t r0, int64_t r1, float* y) {
+                       int64_t r0, int64_t r1, float* y, bool stream) {
   if (cig == 1 && cog == 1) {
     const int64_t C = G;
-    return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
+    // stream: C % 128 == 0 and y 64-byte aligned (grouped_forward checks), so every tile is 64 whole channels.
+    const bool ok = walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
       for (int64_t c0 = 0; c0 < C; c0 += kColTile) {
         const int64_t n = std::min(kColTile, C - c0);
-        kDepthwiseTiles[(n + 7) / 8 - 1](x, w, C, l, c0, n, y + r * C);
+        const DepthwiseTile tile = stream ? depthwise_tile<8, true> : kDepthwiseTiles[(n + 7) / 8 - 1];
+        tile(x, w, C, l, c0, n, y + r * C);
       }
-    });
+    }, Ahead{x, C});
+    if (stream) _mm_sfence();  // the streamed rows are visible before the task ends
+    return ok;
   }
   return walk_rows(s, r0, r1, [&](int64_t r, const PairList& l) {
     for (int64_t g = 0; g < G; ++g)
@@ -308,9 +382,29 @@ bool forward_rows_avx2(const float* x, const float* w, int64_t G, int64_t cig, i
   });
 }
 
+// One input row's pairs, columns [c0, c0 + n): acc (dx) += dy[o] * w[k], and the dW partial row k += x[i] *
+// dy[o], in place. Whole: n == 8 * NV, plain loads and stores (no lane count per vector).
+template <int NV, bool Whole>
+SPCONV_TARGET_AVX2 inline void depthwise_backward_pairs(const float* w, const float* dy, int64_t C, const PairList& l,
+                                                        int64_t c0, int64_t n, const __m256* xi, __m256* acc,
+                                                        float* part) {
+  for (int64_t j = 0; j < l.n; ++j) {
+    const float* d = dy + int64_t{l.other[j]} * C + c0;
+    const float* wk = w + int64_t{l.offset[j]} * C + c0;
+    float* pk = part + int64_t{l.offset[j]} * C + c0;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const int64_t lanes = Whole ? 8 : n - 8 * v;
+      const __m256 dv = load_n(d + 8 * v, lanes);
+      acc[v] = _mm256_fmadd_ps(dv, load_n(wk + 8 * v, lanes), acc[v]);
+      store_n(pk + 8 * v, _mm256_fmadd_ps(xi[v], dv, load_n(pk + 8 * v, lanes)), lanes);
+    }
+  }
+}
+
 // Depthwise backward of one input row i, columns [c0, c0 + n): dx from registers, the dW partial updated in
-// place (it stays in L1: kvol x C floats).
-template <int NV>
+// place (it stays in L1: kvol x C floats). Stream: as depthwise_tile's.
+template <int NV, bool Stream = false>
 SPCONV_TARGET_AVX2 void depthwise_backward_tile(const float* x, const float* w, const float* dy, int64_t C,
                                                 const PairList& l, int64_t i, int64_t c0, int64_t n, float* dx,
                                                 float* part) {
@@ -320,20 +414,15 @@ SPCONV_TARGET_AVX2 void depthwise_backward_tile(const float* x, const float* w, 
     acc[v] = _mm256_setzero_ps();
     xi[v] = load_n(x + i * C + c0 + 8 * v, n - 8 * v);
   }
-  for (int64_t j = 0; j < l.n; ++j) {
-    const float* d = dy + int64_t{l.other[j]} * C + c0;
-    const float* wk = w + int64_t{l.offset[j]} * C + c0;
-    float* pk = part + int64_t{l.offset[j]} * C + c0;
+  if (n == 8 * NV) depthwise_backward_pairs<NV, true>(w, dy, C, l, c0, n, xi, acc, part);
+  else depthwise_backward_pairs<NV, false>(w, dy, C, l, c0, n, xi, acc, part);
+  if constexpr (Stream) {
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) {
-      const int64_t lanes = n - 8 * v;
-      const __m256 dv = load_n(d + 8 * v, lanes);
-      acc[v] = _mm256_fmadd_ps(dv, load_n(wk + 8 * v, lanes), acc[v]);
-      store_n(pk + 8 * v, _mm256_fmadd_ps(xi[v], dv, load_n(pk + 8 * v, lanes)), lanes);
-    }
+    for (int v = 0; v < NV; ++v) _mm256_stream_ps(dx + i * C + c0 + 8 * v, acc[v]);
+  } else {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) store_n(dx + i * C + c0 + 8 * v, acc[v], n - 8 * v);
   }
-#pragma GCC unroll 8
-  for (int v = 0; v < NV; ++v) store_n(dx + i * C + c0 + 8 * v, acc[v], n - 8 * v);
 }
 
 using DepthwiseBackwardTile = void (*)(const float*, const float*, const float*, int64_t, const PairList&, int64_t,
@@ -343,13 +432,17 @@ constexpr DepthwiseBackwardTile kDepthwiseBackwardTiles[] = {
     depthwise_backward_tile<5>, depthwise_backward_tile<6>, depthwise_backward_tile<7>, depthwise_backward_tile<8>};
 
 bool depthwise_backward_rows_avx2(const float* x, const float* w, const float* dy, int64_t C, const GroupedRows& s,
-                                  int64_t i0, int64_t i1, float* dx, float* part) {
-  return walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
+                                  int64_t i0, int64_t i1, float* dx, float* part, bool stream) {
+  const bool ok = walk_rows(s, i0, i1, [&](int64_t i, const PairList& l) {
     for (int64_t c0 = 0; c0 < C; c0 += kColTile) {
       const int64_t n = std::min(kColTile, C - c0);
-      kDepthwiseBackwardTiles[(n + 7) / 8 - 1](x, w, dy, C, l, i, c0, n, dx, part);
+      const DepthwiseBackwardTile tile =
+          stream ? depthwise_backward_tile<8, true> : kDepthwiseBackwardTiles[(n + 7) / 8 - 1];
+      tile(x, w, dy, C, l, i, c0, n, dx, part);
     }
-  });
+  }, Ahead{dy, C});
+  if (stream) _mm_sfence();  // the streamed rows are visible before the task ends
+  return ok;
 }
 #endif  // SPCONV_HAVE_AVX2_PATH
 
@@ -548,7 +641,7 @@ bool avx2_float(const at::Tensor& t) { return t.scalar_type() == at::kFloat && c
 
 // A depthwise output (y, or dx) much larger than the cache is written once and read by the next layer from
 // memory anyway: streamed past the cache it is not read in first (a third of the layer's memory traffic).
-// The AVX-512 loops stream whole 128-channel tiles of 64-byte aligned rows.
+// The vector loops stream whole tiles (128 channels on AVX-512, 64 on AVX2) of 64-byte aligned rows.
 bool streams_depthwise_output(int64_t G, int64_t cig, int64_t cog, const at::Tensor& out) {
   return cig == 1 && cog == 1 && G % 128 == 0 && out.scalar_type() == at::kFloat &&
          out.nbytes() >= static_cast<size_t>(kStreamOutputBytes) &&
@@ -563,7 +656,7 @@ bool forward_rows(bool avx2, const T* x, const T* w, int64_t G, int64_t cig, int
     const bool depthwise = cig == 1 && cog == 1;
     if (avx2 && cpu_has_avx512f() && (depthwise || cog % 16 == 0))
       return forward_rows_avx512(x, w, G, cig, cog, s, r0, r1, y, stream);
-    if (avx2 && (depthwise || cog % 8 == 0)) return forward_rows_avx2(x, w, G, cig, cog, s, r0, r1, y);
+    if (avx2 && (depthwise || cog % 8 == 0)) return forward_rows_avx2(x, w, G, cig, cog, s, r0, r1, y, stream);
   }
 #endif
   (void)avx2;
@@ -578,7 +671,7 @@ bool backward_rows(bool avx2, const T* x, const T* wt, const T* dy, int64_t G, i
   if constexpr (std::is_same_v<T, float>) {
     if (avx2 && cig == 1 && cog == 1 && cpu_has_avx512f())
       return depthwise_backward_rows_avx512(x, wt, dy, G, s, i0, i1, dx, part, stream);
-    if (avx2 && cig == 1 && cog == 1) return depthwise_backward_rows_avx2(x, wt, dy, G, s, i0, i1, dx, part);
+    if (avx2 && cig == 1 && cog == 1) return depthwise_backward_rows_avx2(x, wt, dy, G, s, i0, i1, dx, part, stream);
   }
 #endif
   (void)avx2;
@@ -720,18 +813,85 @@ constexpr std::array<BucketTile, 8> kBucketTiles[] = {bucket_tiles<1>(std::make_
                                                       bucket_tiles<3>(std::make_index_sequence<8>()),
                                                       bucket_tiles<4>(std::make_index_sequence<8>())};
 
-void bucket_pairs512(int64_t nv, const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog,
-                     const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout,
-                     float* y) {
-  const int64_t r = kBucketPairs[nv - 1], whole = m - m % r;
-  if (whole > 0) kBucketTiles[nv - 1][r - 1](x, cin, wg, cig, cog, src, dst, whole, xoff, yoff, cout, y);
-  if (m > whole)
-    kBucketTiles[nv - 1][m - whole - 1](x, cin, wg, cig, cog, src + whole, dst + whole, m - whole, xoff, yoff,
-                                        cout, y);
+// y[dst[p]] += x[src[p]]_g @ w_g for the pairs [0, m) of one offset and group, every column of the group.
+using GroupPairs = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const int32_t*, const int32_t*,
+                            int64_t, int64_t, int64_t, int64_t, float*);
+
+// Columns 64 at a time (cog a multiple of 16).
+void group_pairs512(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog, const int32_t* src,
+                    const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout, float* y) {
+  for (int64_t t0 = 0; t0 < cog; t0 += 64) {
+    const int64_t nv = std::min<int64_t>(64, cog - t0) / 16;
+    const int64_t r = kBucketPairs[nv - 1], whole = m - m % r;
+    if (whole > 0) kBucketTiles[nv - 1][r - 1](x, cin, wg + t0, cig, cog, src, dst, whole, xoff, yoff + t0, cout, y);
+    if (m > whole)
+      kBucketTiles[nv - 1][m - whole - 1](x, cin, wg + t0, cig, cog, src + whole, dst + whole, m - whole, xoff,
+                                          yoff + t0, cout, y);
+  }
 }
 
-bool forward_bucketed(const float* x, const float* w, int64_t G, int64_t cig, int64_t cog, const GroupedRows& s,
-                      float* y) {
+// The AVX2 tile: bucket_tile512 with 8-channel vectors, the same chains (bits).
+template <int NV, int R>
+SPCONV_TARGET_AVX2 void bucket_tile256(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog,
+                                       const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff,
+                                       int64_t yoff, int64_t cout, float* y) {
+  for (int64_t p = 0; p < m; p += R) {
+    __m256 acc[R][NV];
+    const float* xr[R];
+#pragma GCC unroll 12
+    for (int i = 0; i < R; ++i) {
+      xr[i] = x + int64_t{src[p + i]} * cin + xoff;
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_setzero_ps();
+    }
+    for (int64_t c = 0; c < cig; ++c) {
+      __m256 wv[NV];
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) wv[v] = _mm256_loadu_ps(wg + c * cog + 8 * v);
+#pragma GCC unroll 12
+      for (int i = 0; i < R; ++i) {
+        const __m256 xb = _mm256_broadcast_ss(xr[i] + c);
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(xb, wv[v], acc[i][v]);
+      }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < R; ++i) {
+      float* yr = y + int64_t{dst[p + i]} * cout + yoff;
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) _mm256_storeu_ps(yr + 8 * v, _mm256_add_ps(_mm256_loadu_ps(yr + 8 * v), acc[i][v]));
+    }
+  }
+}
+
+template <int NV, std::size_t... I>
+constexpr std::array<BucketTile, sizeof...(I)> bucket_tiles256(std::index_sequence<I...>) {
+  return {bucket_tile256<NV, static_cast<int>(I) + 1>...};
+}
+// 12 accumulators of the 16 registers: 12 pairs of one vector, or 6 pairs of two; [r - 1]: the tile of r pairs.
+constexpr std::array<BucketTile, 12> kBucketTiles256x1 = bucket_tiles256<1>(std::make_index_sequence<12>());
+constexpr std::array<BucketTile, 6> kBucketTiles256x2 = bucket_tiles256<2>(std::make_index_sequence<6>());
+
+template <std::size_t R>
+void bucket_pairs256(const std::array<BucketTile, R>& tiles, const float* x, int64_t cin, const float* wg,
+                     int64_t cig, int64_t cog, const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff,
+                     int64_t yoff, int64_t cout, float* y) {
+  const int64_t whole = m - m % static_cast<int64_t>(R);
+  if (whole > 0) tiles[R - 1](x, cin, wg, cig, cog, src, dst, whole, xoff, yoff, cout, y);
+  if (m > whole) tiles[m - whole - 1](x, cin, wg, cig, cog, src + whole, dst + whole, m - whole, xoff, yoff, cout, y);
+}
+
+// Columns 16 at a time, the last 8 alone (cog a multiple of 8).
+void group_pairs256(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog, const int32_t* src,
+                    const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout, float* y) {
+  int64_t t0 = 0;
+  for (; t0 + 16 <= cog; t0 += 16)
+    bucket_pairs256(kBucketTiles256x2, x, cin, wg + t0, cig, cog, src, dst, m, xoff, yoff + t0, cout, y);
+  if (t0 < cog) bucket_pairs256(kBucketTiles256x1, x, cin, wg + t0, cig, cog, src, dst, m, xoff, yoff + t0, cout, y);
+}
+
+bool forward_bucketed(GroupPairs pairs, const float* x, const float* w, int64_t G, int64_t cig, int64_t cog,
+                      const GroupedRows& s, float* y) {
   const int64_t cin = G * cig, cout = G * cog, kvol = s.kvol;
   const int64_t n_blocks = (s.rows + kBucketBlockRows - 1) / kBucketBlockRows;
   std::atomic<bool> ok{true};
@@ -784,14 +944,9 @@ bool forward_bucketed(const float* x, const float* w, int64_t G, int64_t cig, in
       for (int64_t k = 0; k < kvol; ++k) {
         const int64_t m = start[k + 1] - start[k];
         if (m == 0) continue;
-        for (int64_t g = 0; g < G; ++g) {
-          const float* wg = w + (k * G + g) * cig * cog;
-          for (int64_t t0 = 0; t0 < cog; t0 += 64) {
-            const int64_t nv = std::min<int64_t>(64, cog - t0) / 16;
-            bucket_pairs512(nv, x, cin, wg + t0, cig, cog, src.data() + start[k], dst.data() + start[k], m, g * cig,
-                                 g * cog + t0, cout, y);
-          }
-        }
+        for (int64_t g = 0; g < G; ++g)
+          pairs(x, cin, w + (k * G + g) * cig * cog, cig, cog, src.data() + start[k], dst.data() + start[k], m,
+                g * cig, g * cog, cout, y);
       }
     };
   });
@@ -805,10 +960,14 @@ bool grouped_forward(const at::Tensor& x, const at::Tensor& w, const GroupedRows
   const int64_t G = w.size(1), cig = w.size(2), cog = w.size(3);
   if (rows.rows == 0 || y.numel() == 0) return true;
 #if SPCONV_HAVE_AVX2_PATH
-  // Many channels per group: filter loads shared by four pairs (forward_bucketed) beat the row loop.
-  if (cig >= 16 && cog % 16 == 0 && avx2_float(x) && cpu_has_avx512f())
-    return forward_bucketed(x.const_data_ptr<float>(), w.const_data_ptr<float>(), G, cig, cog, rows,
-                            y.mutable_data_ptr<float>());
+  // Many channels per group: filter loads shared by several pairs (forward_bucketed) beat the row loop. AVX2
+  // (real scan, 128 channels): g=4 1.6x, g=8 1.5x, g=16 1.4x faster.
+  if (avx2_float(x)) {
+    const bool avx512 = cpu_has_avx512f();
+    if (avx512 ? cig >= 16 && cog % 16 == 0 : cig >= 8 && cog % 8 == 0)
+      return forward_bucketed(avx512 ? group_pairs512 : group_pairs256, x.const_data_ptr<float>(),
+                              w.const_data_ptr<float>(), G, cig, cog, rows, y.mutable_data_ptr<float>());
+  }
 #endif
   const bool avx2 = avx2_float(x);
   const bool stream = streams_depthwise_output(G, cig, cog, y);
