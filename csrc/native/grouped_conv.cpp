@@ -159,10 +159,6 @@ SPCONV_TARGET_AVX2 bool compact_rows_avx2(const GroupedRows& s, int64_t r0, int6
 }
 #endif
 
-// Hands body(r, pairs) every row of [r0, r1) in order; a table's rows are compacted a chunk at a time.
-// Entries outside [-1, n_other) are skipped and make it return false. With `ahead`, the gathered rows of the
-// pairs kAheadRows rows on are prefetched first (AVX2 depthwise loops on a real scan: forward 15-25% faster;
-// an earlier AVX-512 measurement found no gain there).
 // Rows of x (cols values each) that a walk requests a few rows ahead of its body (x == nullptr: none).
 struct Ahead {
   const float* x = nullptr;
@@ -170,6 +166,10 @@ struct Ahead {
 };
 constexpr int64_t kAheadRows = 2;
 
+// Hands body(r, pairs) every row of [r0, r1) in order; a table's rows are compacted a chunk at a time.
+// Entries outside [-1, n_other) are skipped and make it return false. With `ahead`, the gathered rows of the
+// pairs kAheadRows rows on are prefetched first (AVX2 depthwise loops on a real scan: forward 15-25% faster;
+// an earlier AVX-512 measurement found no gain there).
 template <typename Body>
 bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body, Ahead ahead = {}) {
   if (s.table == nullptr) {
@@ -750,14 +750,15 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Forward of groups with many channels per group (AVX-512, float). A row-by-row loop loads the filter slice
-// of each (pair, group) once per pair: loads, not FMAs, bound it. Here the pairs of a fixed block of
-// destination rows are bucketed by offset, and four pairs of one offset share each filter load: every pair's
+// Forward of groups with many channels per group (float, AVX-512 or AVX2). A row-by-row loop loads the filter
+// slice of each (pair, group) once per pair: loads, not FMAs, bound it. Here the pairs of a fixed block of
+// destination rows are bucketed by offset, and 4-12 pairs of one offset share each filter load: every pair's
 // product is summed in registers (input channels in order) and then added to its row, offsets in order. The
 // blocks depend on the sizes only, and each row is written by its block alone: the bits don't depend on the
 // thread count.
 #if SPCONV_HAVE_AVX2_PATH
-// 128 rows: the block's gathered input rows stay in L2 across its offsets (measured: 128 beat 64, 256, 1024).
+// 128 rows: the block's gathered input rows stay in L2 across its offsets (measured: 128 beat 64, 256, 1024;
+// on AVX2 too, against 64-1024).
 constexpr int64_t kBucketBlockRows = 128;
 
 // Pairs [0, m) of one offset and group (m a multiple of R), columns [t0, t0 + 16 * NV):
