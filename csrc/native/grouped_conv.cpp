@@ -807,8 +807,7 @@ template <int NV, std::size_t... I>
 constexpr std::array<BucketTile, sizeof...(I)> bucket_tiles(std::index_sequence<I...>) {
   return {bucket_tile512<NV, static_cast<int>(I) + 1>...};
 }
-// [NV - 1][r - 1]: the tile of r pairs. The whole tiles take kBucketPairs[NV - 1]; the pairs left over go in
-// one tile of their exact count (a padded tile computed 11% more products than the real scan has).
+// [NV - 1][r - 1]: the tile of r pairs; the whole tiles take kBucketPairs[NV - 1] (bucket_pairs).
 constexpr std::array<BucketTile, 8> kBucketTiles[] = {bucket_tiles<1>(std::make_index_sequence<8>()),
                                                       bucket_tiles<2>(std::make_index_sequence<8>()),
                                                       bucket_tiles<3>(std::make_index_sequence<8>()),
@@ -818,16 +817,23 @@ constexpr std::array<BucketTile, 8> kBucketTiles[] = {bucket_tiles<1>(std::make_
 using GroupPairs = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const int32_t*, const int32_t*,
                             int64_t, int64_t, int64_t, int64_t, float*);
 
+// The pairs [0, m) in tiles of r (tiles[r - 1]), the pairs left over in one tile of their exact count (a padded
+// tile computed 11% more products than the real scan has). tiles[i]: the tile of i + 1 pairs.
+void bucket_pairs(const BucketTile* tiles, int64_t r, const float* x, int64_t cin, const float* wg, int64_t cig,
+                  int64_t cog, const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff,
+                  int64_t cout, float* y) {
+  const int64_t whole = m - m % r;
+  if (whole > 0) tiles[r - 1](x, cin, wg, cig, cog, src, dst, whole, xoff, yoff, cout, y);
+  if (m > whole) tiles[m - whole - 1](x, cin, wg, cig, cog, src + whole, dst + whole, m - whole, xoff, yoff, cout, y);
+}
+
 // Columns 64 at a time (cog a multiple of 16).
 void group_pairs512(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog, const int32_t* src,
                     const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout, float* y) {
   for (int64_t t0 = 0; t0 < cog; t0 += 64) {
     const int64_t nv = std::min<int64_t>(64, cog - t0) / 16;
-    const int64_t r = kBucketPairs[nv - 1], whole = m - m % r;
-    if (whole > 0) kBucketTiles[nv - 1][r - 1](x, cin, wg + t0, cig, cog, src, dst, whole, xoff, yoff + t0, cout, y);
-    if (m > whole)
-      kBucketTiles[nv - 1][m - whole - 1](x, cin, wg + t0, cig, cog, src + whole, dst + whole, m - whole, xoff,
-                                          yoff + t0, cout, y);
+    bucket_pairs(kBucketTiles[nv - 1].data(), kBucketPairs[nv - 1], x, cin, wg + t0, cig, cog, src, dst, m, xoff,
+                 yoff + t0, cout, y);
   }
 }
 
@@ -873,22 +879,14 @@ constexpr std::array<BucketTile, sizeof...(I)> bucket_tiles256(std::index_sequen
 constexpr std::array<BucketTile, 12> kBucketTiles256x1 = bucket_tiles256<1>(std::make_index_sequence<12>());
 constexpr std::array<BucketTile, 6> kBucketTiles256x2 = bucket_tiles256<2>(std::make_index_sequence<6>());
 
-template <std::size_t R>
-void bucket_pairs256(const std::array<BucketTile, R>& tiles, const float* x, int64_t cin, const float* wg,
-                     int64_t cig, int64_t cog, const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff,
-                     int64_t yoff, int64_t cout, float* y) {
-  const int64_t whole = m - m % static_cast<int64_t>(R);
-  if (whole > 0) tiles[R - 1](x, cin, wg, cig, cog, src, dst, whole, xoff, yoff, cout, y);
-  if (m > whole) tiles[m - whole - 1](x, cin, wg, cig, cog, src + whole, dst + whole, m - whole, xoff, yoff, cout, y);
-}
-
 // Columns 16 at a time, the last 8 alone (cog a multiple of 8).
 void group_pairs256(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog, const int32_t* src,
                     const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout, float* y) {
   int64_t t0 = 0;
   for (; t0 + 16 <= cog; t0 += 16)
-    bucket_pairs256(kBucketTiles256x2, x, cin, wg + t0, cig, cog, src, dst, m, xoff, yoff + t0, cout, y);
-  if (t0 < cog) bucket_pairs256(kBucketTiles256x1, x, cin, wg + t0, cig, cog, src, dst, m, xoff, yoff + t0, cout, y);
+    bucket_pairs(kBucketTiles256x2.data(), 6, x, cin, wg + t0, cig, cog, src, dst, m, xoff, yoff + t0, cout, y);
+  if (t0 < cog)
+    bucket_pairs(kBucketTiles256x1.data(), 12, x, cin, wg + t0, cig, cog, src, dst, m, xoff, yoff + t0, cout, y);
 }
 
 bool forward_bucketed(GroupPairs pairs, const float* x, const float* w, int64_t G, int64_t cig, int64_t cog,
