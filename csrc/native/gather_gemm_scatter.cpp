@@ -91,38 +91,77 @@ int64_t cache_block_rows(int64_t n_rows, int64_t channels, int64_t elem_size) {
   return std::max<int64_t>(64, std::min(fits, (n_rows + kMinBlocks - 1) / kMinBlocks));
 }
 
-// The pairs bucketed by (block of key rows, offset): bucket b * kvol + k holds, in their original order, the
-// pairs of offset k whose key row (the side written) lies in block b. Identity offsets are left out: they
-// apply to each block's own rows directly.
+// The pairs bucketed by (block of key rows, offset): bucket (b, k) holds, in their original order, the pairs
+// of offset k whose key row (the side written) lies in block b. Identity offsets are left out: they apply to
+// each block's own rows directly. Where an offset's key rows already ascend (a SubM map's output side), its
+// buckets are ranges of the pair lists themselves; the other offsets' pairs are copied out, bucket by bucket.
 struct RowBlocks {
-  int64_t rows = 0, n_blocks = 0;
-  std::vector<int64_t> start;  // [n_blocks * kvol + 1]
-  std::vector<int32_t> key, other;
+  int64_t rows = 0, n_blocks = 0, kvol = 0;
+  std::vector<int64_t> first, last;  // [n_blocks * kvol]: bucket (b, k) is pairs [first, last) of key / other
+  std::vector<int32_t> key_copy, other_copy;
+  const int32_t* key_src = nullptr;
+  const int32_t* other_src = nullptr;
+  std::vector<char> copied;  // [kvol]: offset k's buckets index the copies
 
-  int64_t begin(int64_t b, int64_t k, int64_t kvol) const { return start[b * kvol + k]; }
-  int64_t count(int64_t b, int64_t k, int64_t kvol) const { return start[b * kvol + k + 1] - start[b * kvol + k]; }
+  int64_t begin(int64_t b, int64_t k) const { return first[b * kvol + k]; }
+  int64_t count(int64_t b, int64_t k) const { return last[b * kvol + k] - first[b * kvol + k]; }
+  const int32_t* key(int64_t k) const { return copied[k] ? key_copy.data() : key_src; }
+  const int32_t* other(int64_t k) const { return copied[k] ? other_copy.data() : other_src; }
+  int64_t pairs(int64_t b) const {  // every non-identity pair of block b
+    int64_t n = 0;
+    for (int64_t k = 0; k < kvol; ++k) n += count(b, k);
+    return n;
+  }
 };
+
+bool ascends(const int32_t* v, int64_t n) {
+  bool ok = true;
+  for (int64_t p = 1; p < n; ++p) ok &= v[p - 1] < v[p];  // no early exit: a vectorisable pass
+  return ok;
+}
 
 RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const int64_t* offsets, int64_t kvol,
                               const std::vector<char>& identity, int64_t n_rows, int64_t block_rows) {
   RowBlocks d;
   d.rows = block_rows;
+  d.kvol = kvol;
   d.n_blocks = (n_rows + block_rows - 1) / block_rows;
-  d.start.assign(d.n_blocks * kvol + 1, 0);
+  d.key_src = key;
+  d.other_src = other;
+  d.first.assign(d.n_blocks * kvol, 0);
+  d.last.assign(d.n_blocks * kvol, 0);
+  d.copied.assign(kvol, 0);
+  std::vector<int64_t> count(d.n_blocks * kvol, 0);
   for (int64_t k = 0; k < kvol; ++k) {
     if (identity[k]) continue;
-    for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) ++d.start[key[p] / block_rows * kvol + k + 1];
+    const int32_t* kk = key + offsets[k];
+    const int64_t n = offsets[k + 1] - offsets[k];
+    if (ascends(kk, n)) {  // the bucket edges by binary search
+      int64_t p = 0;
+      for (int64_t b = 0; b < d.n_blocks; ++b) {
+        d.first[b * kvol + k] = offsets[k] + p;
+        p = std::lower_bound(kk + p, kk + n, static_cast<int32_t>(std::min(n_rows, (b + 1) * block_rows))) - kk;
+        d.last[b * kvol + k] = offsets[k] + p;
+      }
+      continue;
+    }
+    d.copied[k] = 1;
+    for (int64_t p = 0; p < n; ++p) ++count[kk[p] / block_rows * kvol + k];
   }
-  for (size_t i = 1; i < d.start.size(); ++i) d.start[i] += d.start[i - 1];
-  std::vector<int64_t> cursor(d.start.begin(), d.start.end() - 1);
-  d.key.resize(d.start.back());
-  d.other.resize(d.start.back());
+  int64_t total = 0;  // the copies, bucket (b, k) after (b, k - 1)
+  for (int64_t i = 0; i < d.n_blocks * kvol; ++i) {
+    if (!d.copied[i % kvol]) continue;
+    d.first[i] = d.last[i] = total;
+    total += count[i];
+  }
+  d.key_copy.resize(total);
+  d.other_copy.resize(total);
   for (int64_t k = 0; k < kvol; ++k) {
-    if (identity[k]) continue;
+    if (!d.copied[k]) continue;
     for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) {
-      const int64_t slot = cursor[key[p] / block_rows * kvol + k]++;
-      d.key[slot] = key[p];
-      d.other[slot] = other[p];
+      const int64_t slot = d.last[key[p] / block_rows * kvol + k]++;
+      d.key_copy[slot] = key[p];
+      d.other_copy[slot] = other[p];
     }
   }
   return d;
@@ -166,7 +205,7 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
                                                cache_block_rows(n_dst, c_dst, src.element_size()));
   // Pair density varies a lot across a scan's rows: hand the blocks out by their pair counts.
   std::vector<int64_t> work(blocks.n_blocks);
-  for (int64_t b = 0; b < blocks.n_blocks; ++b) work[b] = blocks.start[(b + 1) * kvol] - blocks.start[b * kvol];
+  for (int64_t b = 0; b < blocks.n_blocks; ++b) work[b] = blocks.pairs(b);
   const std::vector<int64_t> order = longest_first(work);
   // FP32 on AVX-512 / AVX2, FP64 on AVX-512: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0:
   // the vendor GEMM).
@@ -195,20 +234,22 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
             dst.narrow(0, r0, r1 - r0).addmm_(src.narrow(0, r0, r1 - r0), w[k]);
             continue;
           }
-          const int64_t begin = blocks.begin(b, k, kvol), count = blocks.count(b, k, kvol);
+          const int64_t begin = blocks.begin(b, k), count = blocks.count(b, k);
+          const int32_t* bkey = blocks.key(k) + begin;
+          const int32_t* bother = blocks.other(k) + begin;
           if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
             if (fused_kernel) {
-              fused_gather_gemm_scatter(x, c_src, blocks.other.data() + begin, blocks.key.data() + begin, count,
+              fused_gather_gemm_scatter(x, c_src, bother, bkey, count,
                                         w_rows.const_data_ptr<scalar_t>() + k * c_src * c_dst, c_dst, y);
               continue;
             }
           }
           for (int64_t c0 = 0; c0 < count; c0 += rows) {
             const int64_t m = std::min(rows, count - c0);
-            gather_rows(x, c_src, blocks.other.data() + begin + c0, m, a.mutable_data_ptr<scalar_t>());
+            gather_rows(x, c_src, bother + c0, m, a.mutable_data_ptr<scalar_t>());
             at::Tensor o = out.narrow(0, 0, m);
             at::mm_out(o, a.narrow(0, 0, m), w[k]);
-            scatter_add_rows(o.const_data_ptr<scalar_t>(), c_dst, blocks.key.data() + begin + c0, m, y);
+            scatter_add_rows(o.const_data_ptr<scalar_t>(), c_dst, bkey + c0, m, y);
           }
         }
       };
@@ -281,7 +322,7 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
   for (int64_t k = 0; k < kvol; ++k) identity_rows += identity[k] ? 1 : 0;
   std::vector<int64_t> cum(blocks.n_blocks + 1, 0);  // pairs (identity rows included) before each block
   for (int64_t b = 0; b < blocks.n_blocks; ++b)
-    cum[b + 1] = cum[b] + blocks.start[(b + 1) * kvol] - blocks.start[b * kvol] +
+    cum[b + 1] = cum[b] + blocks.pairs(b) +
                  identity_rows * (std::min(n_in, (b + 1) * blocks.rows) - b * blocks.rows);
   n_groups = std::clamp<int64_t>(n_groups, 1, std::max<int64_t>(blocks.n_blocks, 1));
   std::vector<int64_t> first_block(n_groups + 1, blocks.n_blocks);  // group g: blocks [first_block[g], first_block[g+1])
@@ -323,12 +364,12 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
               accumulate(k, xs.t(), gs);
               continue;
             }
-            const int64_t begin = blocks.begin(blk, k, kvol), count = blocks.count(blk, k, kvol);
+            const int64_t begin = blocks.begin(blk, k), count = blocks.count(blk, k);
             for (int64_t c0 = 0; c0 < count; c0 += rows) {
               const int64_t m = std::min(rows, count - c0);
-              const int32_t* pin = blocks.key.data() + begin + c0;
+              const int32_t* pin = blocks.key(k) + begin + c0;
               // One gather of dY serves both dX (dY W^T, scattered to the inputs) and dW (X^T dY).
-              gather_rows(gp, c_out, blocks.other.data() + begin + c0, m, b.mutable_data_ptr<scalar_t>());
+              gather_rows(gp, c_out, blocks.other(k) + begin + c0, m, b.mutable_data_ptr<scalar_t>());
               gather_rows(xp, c_in, pin, m, a.mutable_data_ptr<scalar_t>());
               at::Tensor bm = b.narrow(0, 0, m), om = o.narrow(0, 0, m);
               at::mm_out(om, bm, wt[k]);
