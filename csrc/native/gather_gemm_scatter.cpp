@@ -132,38 +132,46 @@ RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const in
   d.last.assign(d.n_blocks * kvol, 0);
   d.copied.assign(kvol, 0);
   std::vector<int64_t> count(d.n_blocks * kvol, 0);
-  for (int64_t k = 0; k < kvol; ++k) {
-    if (identity[k]) continue;
-    const int32_t* kk = key + offsets[k];
-    const int64_t n = offsets[k + 1] - offsets[k];
-    if (ascends(kk, n)) {  // the bucket edges by binary search
-      int64_t p = 0;
-      for (int64_t b = 0; b < d.n_blocks; ++b) {
-        d.first[b * kvol + k] = offsets[k] + p;
-        p = std::lower_bound(kk + p, kk + n, static_cast<int32_t>(std::min(n_rows, (b + 1) * block_rows))) - kk;
-        d.last[b * kvol + k] = offsets[k] + p;
+  // Each offset writes only its own buckets: the offsets run in parallel where the pairs pay for the threads.
+  constexpr int64_t kParallelPairs = int64_t{1} << 16;
+  const int64_t grain = offsets[kvol] - offsets[0] >= kParallelPairs ? 1 : kvol;
+  at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      if (identity[k]) continue;
+      const int32_t* kk = key + offsets[k];
+      const int64_t n = offsets[k + 1] - offsets[k];
+      if (ascends(kk, n)) {  // the bucket edges by binary search
+        int64_t p = 0;
+        for (int64_t b = 0; b < d.n_blocks; ++b) {
+          d.first[b * kvol + k] = offsets[k] + p;
+          p = std::lower_bound(kk + p, kk + n, static_cast<int32_t>(std::min(n_rows, (b + 1) * block_rows))) - kk;
+          d.last[b * kvol + k] = offsets[k] + p;
+        }
+        continue;
       }
-      continue;
+      d.copied[k] = 1;
+      for (int64_t p = 0; p < n; ++p) ++count[kk[p] / block_rows * kvol + k];
     }
-    d.copied[k] = 1;
-    for (int64_t p = 0; p < n; ++p) ++count[kk[p] / block_rows * kvol + k];
-  }
+  });
   int64_t total = 0;  // the copies, bucket (b, k) after (b, k - 1)
   for (int64_t i = 0; i < d.n_blocks * kvol; ++i) {
     if (!d.copied[i % kvol]) continue;
     d.first[i] = d.last[i] = total;
     total += count[i];
   }
+  if (total == 0) return d;
   d.key_copy.resize(total);
   d.other_copy.resize(total);
-  for (int64_t k = 0; k < kvol; ++k) {
-    if (!d.copied[k]) continue;
-    for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) {
-      const int64_t slot = d.last[key[p] / block_rows * kvol + k]++;
-      d.key_copy[slot] = key[p];
-      d.other_copy[slot] = other[p];
+  at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      if (!d.copied[k]) continue;
+      for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) {
+        const int64_t slot = d.last[key[p] / block_rows * kvol + k]++;
+        d.key_copy[slot] = key[p];
+        d.other_copy[slot] = other[p];
+      }
     }
-  }
+  });
   return d;
 }
 
