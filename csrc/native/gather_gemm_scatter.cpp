@@ -131,27 +131,33 @@ RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const in
   d.first.assign(d.n_blocks * kvol, 0);
   d.last.assign(d.n_blocks * kvol, 0);
   d.copied.assign(kvol, 0);
-  std::vector<int64_t> count(d.n_blocks * kvol, 0);
-  // Each offset writes only its own buckets: the offsets run in parallel where the pairs pay for the threads.
-  constexpr int64_t kParallelPairs = int64_t{1} << 16;
-  const int64_t grain = offsets[kvol] - offsets[0] >= kParallelPairs ? 1 : kvol;
-  at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) {
-      if (identity[k]) continue;
-      const int32_t* kk = key + offsets[k];
-      const int64_t n = offsets[k + 1] - offsets[k];
-      if (ascends(kk, n)) {  // the bucket edges by binary search
-        int64_t p = 0;
-        for (int64_t b = 0; b < d.n_blocks; ++b) {
-          d.first[b * kvol + k] = offsets[k] + p;
-          p = std::lower_bound(kk + p, kk + n, static_cast<int32_t>(std::min(n_rows, (b + 1) * block_rows))) - kk;
-          d.last[b * kvol + k] = offsets[k] + p;
-        }
-        continue;
-      }
+  int64_t copy_pairs = 0;
+  for (int64_t k = 0; k < kvol; ++k) {
+    if (identity[k]) continue;
+    const int32_t* kk = key + offsets[k];
+    const int64_t n = offsets[k + 1] - offsets[k];
+    if (!ascends(kk, n)) {
       d.copied[k] = 1;
-      for (int64_t p = 0; p < n; ++p) ++count[kk[p] / block_rows * kvol + k];
+      copy_pairs += n;
+      continue;
     }
+    int64_t p = 0;  // the bucket edges by binary search
+    for (int64_t b = 0; b < d.n_blocks; ++b) {
+      d.first[b * kvol + k] = offsets[k] + p;
+      p = std::lower_bound(kk + p, kk + n, static_cast<int32_t>(std::min(n_rows, (b + 1) * block_rows))) - kk;
+      d.last[b * kvol + k] = offsets[k] + p;
+    }
+  }
+  if (copy_pairs == 0) return d;
+  // Each offset writes only its own buckets: the copied offsets run in parallel where their pairs pay for the
+  // threads (each parallel region costs a scheduler slice when a worker waits behind other processes).
+  constexpr int64_t kParallelCopyPairs = int64_t{1} << 18;
+  const int64_t grain = copy_pairs >= kParallelCopyPairs ? 1 : kvol;
+  std::vector<int64_t> count(d.n_blocks * kvol, 0);
+  at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      if (d.copied[k])
+        for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) ++count[key[p] / block_rows * kvol + k];
   });
   int64_t total = 0;  // the copies, bucket (b, k) after (b, k - 1)
   for (int64_t i = 0; i < d.n_blocks * kvol; ++i) {
@@ -159,7 +165,6 @@ RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const in
     d.first[i] = d.last[i] = total;
     total += count[i];
   }
-  if (total == 0) return d;
   d.key_copy.resize(total);
   d.other_copy.resize(total);
   at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
