@@ -297,8 +297,9 @@ SPCONV_TARGET_AVX2 inline void store_n(float* p, __m256 v, int64_t lanes) {
 // Depthwise forward, columns [c0, c0 + n) of one row (n <= 8 * NV), over its pairs. Stream: whole, 32-byte
 // aligned vectors stored past the cache (see kStreamOutputBytes).
 template <int NV, bool Stream = false>
-SPCONV_TARGET_AVX2 inline __attribute__((always_inline)) void depthwise_tile(const float* x, const float* w, int64_t C, const PairList& l, int64_t c0,
-                                       int64_t n, float* yrow) {
+SPCONV_TARGET_AVX2 inline __attribute__((always_inline)) void depthwise_tile(const float* x, const float* w, int64_t C,
+                                                                              const PairList& l, int64_t c0,
+                                                                              int64_t n, float* yrow) {
   __m256 acc[NV];
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_ps();
