@@ -55,21 +55,24 @@ SPCONV_TARGET_AVX512 inline void tile(const T* x, int64_t cin, const int32_t* ga
   constexpr int L = S::kLanes;
   const T* xr[kRows];
   for (int i = 0; i < kRows; ++i) xr[i] = x + static_cast<int64_t>(gather[i < rows ? i : 0]) * cin;
+  // Every loop over rows and vectors is unrolled (SPCONV_UNROLL) so that acc is 24 registers: otherwise GCC keeps
+  // it in memory, and zeroes, stores and reloads all of it around each tile.
   typename S::V acc[kRows][NV];
-  for (int i = 0; i < kRows; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = S::zero();
+  SPCONV_UNROLL for (int i = 0; i < kRows; ++i)
+    SPCONV_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = S::zero();
   const T* wc = w + j0;
   for (int64_t c = 0; c < cin; ++c, wc += cout) {
     typename S::V b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = S::load(wc + L * v);
-    for (int i = 0; i < kRows; ++i) {
+    SPCONV_UNROLL for (int v = 0; v < NV; ++v) b[v] = S::load(wc + L * v);
+    SPCONV_UNROLL for (int i = 0; i < kRows; ++i) {
       const typename S::V a = S::set1(xr[i][c]);
-      for (int v = 0; v < NV; ++v) acc[i][v] = S::fmadd(a, b[v], acc[i][v]);
+      SPCONV_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = S::fmadd(a, b[v], acc[i][v]);
     }
   }
-  for (int i = 0; i < rows; ++i) {
+  SPCONV_UNROLL for (int i = 0; i < kRows; ++i) {
+    if (i >= rows) break;
     T* yr = y + static_cast<int64_t>(scatter[i]) * cout + j0;
-    for (int v = 0; v < NV; ++v) S::store(yr + L * v, S::add(S::load(yr + L * v), acc[i][v]));
+    SPCONV_UNROLL for (int v = 0; v < NV; ++v) S::store(yr + L * v, S::add(S::load(yr + L * v), acc[i][v]));
   }
 }
 
@@ -115,23 +118,23 @@ SPCONV_TARGET_AVX512 void dw_tile(const T* x, int64_t cin, const T* dy, int64_t 
   constexpr int L = S::kLanes;
   int64_t col[kRows];  // the channel each register row reads (the rows past `rows` repeat the first)
   for (int i = 0; i < kRows; ++i) col[i] = c0 + (i < rows ? i : 0);
-  typename S::V acc[kRows][NV];
-  for (int i = 0; i < kRows; ++i)
-    for (int v = 0; v < NV; ++v)
+  typename S::V acc[kRows][NV];  // registers, as in the forward tile
+  SPCONV_UNROLL for (int i = 0; i < kRows; ++i)
+    SPCONV_UNROLL for (int v = 0; v < NV; ++v)
       acc[i][v] = fresh || i >= rows ? S::zero() : S::load(dw + col[i] * cout + j0 + L * v);
   for (int64_t p = 0; p < m; ++p) {
     const T* xr = x + int64_t{in[p]} * cin;
     const T* gr = dy + int64_t{out[p]} * cout + j0;
     typename S::V b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = S::load(gr + L * v);
-    for (int i = 0; i < kRows; ++i) {
+    SPCONV_UNROLL for (int v = 0; v < NV; ++v) b[v] = S::load(gr + L * v);
+    SPCONV_UNROLL for (int i = 0; i < kRows; ++i) {
       const typename S::V a = S::set1(xr[col[i]]);
-      for (int v = 0; v < NV; ++v) acc[i][v] = S::fmadd(a, b[v], acc[i][v]);
+      SPCONV_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = S::fmadd(a, b[v], acc[i][v]);
     }
   }
-  for (int i = 0; i < kRows; ++i) {
+  SPCONV_UNROLL for (int i = 0; i < kRows; ++i) {
     if (i >= rows) break;
-    for (int v = 0; v < NV; ++v) S::store(dw + (c0 + i) * cout + j0 + L * v, acc[i][v]);
+    SPCONV_UNROLL for (int v = 0; v < NV; ++v) S::store(dw + (c0 + i) * cout + j0 + L * v, acc[i][v]);
   }
 }
 
