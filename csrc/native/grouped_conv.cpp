@@ -78,6 +78,30 @@ bool compact_rows_base(const GroupedRows& s, int64_t r0, int64_t r1, CompactRows
   return !bad;
 }
 
+// The table rows [r0, r1) bucketed by offset: for each offset k in turn, its valid entries in row order (src
+// the entry, dst the row), start[k] where they begin (start has kvol + 1 entries). Branch-free, as
+// compact_rows_base; dst and src hold (r1 - r0) * kvol + 16 entries. False when an entry lies outside
+// [-1, n_other).
+bool compact_columns_base(const GroupedRows& s, int64_t r0, int64_t r1, int64_t* start, int32_t* dst, int32_t* src) {
+  const int64_t kvol = s.kvol;
+  bool bad = false;
+  int64_t n = 0;
+  for (int64_t k = 0; k < kvol; ++k) {
+    start[k] = n;
+    const int32_t* col = s.table + r0 * kvol + k;
+    for (int64_t r = r0; r < r1; ++r, col += kvol) {
+      const int32_t v = *col;
+      const bool ok = v >= 0 && v < s.n_other;
+      bad |= !ok && v != -1;
+      dst[n] = static_cast<int32_t>(r);
+      src[n] = v;
+      n += ok;
+    }
+  }
+  start[kvol] = n;
+  return !bad;
+}
+
 #if SPCONV_HAVE_AVX2_PATH
 SPCONV_TARGET_AVX512 inline __mmask16 lanes16(int64_t lanes) {
   return lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << (lanes > 0 ? lanes : 0)) - 1u);
@@ -107,6 +131,33 @@ SPCONV_TARGET_AVX512 bool compact_rows_avx512(const GroupedRows& s, int64_t r0, 
     }
   }
   c.start[r1 - r0] = n;
+  return bad == 0;
+}
+
+// compact_columns_base 16 rows per step: a strided gather, one unsigned compare and two compresses (the scalar
+// walk took a tenth of a g=4 forward on an AVX-512 CPU).
+SPCONV_TARGET_AVX512 bool compact_columns_avx512(const GroupedRows& s, int64_t r0, int64_t r1, int64_t* start,
+                                                 int32_t* dst, int32_t* src) {
+  const int64_t kvol = s.kvol;
+  const __m512i limit = _mm512_set1_epi32(static_cast<int32_t>(s.n_other)), none = _mm512_set1_epi32(-1);
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i stride = _mm512_mullo_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(kvol)));
+  __mmask16 bad = 0;
+  int64_t n = 0;
+  for (int64_t k = 0; k < kvol; ++k) {
+    start[k] = n;
+    for (int64_t q = r0; q < r1; q += 16) {
+      const __mmask16 in = lanes16(r1 - q);
+      const __m512i v = _mm512_mask_i32gather_epi32(none, in, stride, s.table + q * kvol + k, 4);
+      const __mmask16 ok = _mm512_mask_cmplt_epu32_mask(in, v, limit);
+      bad |= in & ~ok & ~_mm512_cmpeq_epi32_mask(v, none);
+      _mm512_storeu_si512(src + n, _mm512_maskz_compress_epi32(ok, v));
+      const __m512i rows = _mm512_add_epi32(iota, _mm512_set1_epi32(static_cast<int32_t>(q)));
+      _mm512_storeu_si512(dst + n, _mm512_maskz_compress_epi32(ok, rows));
+      n += __builtin_popcount(ok);
+    }
+  }
+  start[kvol] = n;
   return bad == 0;
 }
 
@@ -908,26 +959,13 @@ bool forward_bucketed(GroupPairs pairs, const float* x, const float* w, int64_t 
             src = std::vector<int32_t>()](int64_t b) mutable {
       const int64_t r0 = b * kBucketBlockRows, r1 = std::min(s.rows, r0 + kBucketBlockRows);
       if (s.table != nullptr) {
-        // One pass over the block's table, column by column (the block's rows stay in L1): branch-free, as
-        // walk_rows; entries outside [-1, n_other) are skipped and flagged.
-        dst.resize((r1 - r0) * kvol);
-        src.resize((r1 - r0) * kvol);
-        int64_t n = 0;
-        bool bad = false;
-        for (int64_t k = 0; k < kvol; ++k) {
-          start[k] = n;
-          const int32_t* col = s.table + r0 * kvol + k;
-          for (int64_t r = r0; r < r1; ++r, col += kvol) {
-            const int32_t v = *col;
-            const bool valid = v >= 0 && v < s.n_other;
-            bad |= !valid && v != -1;
-            dst[n] = static_cast<int32_t>(r);
-            src[n] = v;
-            n += valid;
-          }
-        }
-        start[kvol] = n;
-        if (bad) ok = false;
+        // The block's table column by column (its rows stay in L1); entries outside [-1, n_other) are
+        // skipped and flagged.
+        dst.resize((r1 - r0) * kvol + 16);
+        src.resize((r1 - r0) * kvol + 16);
+        const bool valid = cpu_has_avx512f() ? compact_columns_avx512(s, r0, r1, start.data(), dst.data(), src.data())
+                                             : compact_columns_base(s, r0, r1, start.data(), dst.data(), src.data());
+        if (!valid) ok = false;
       } else {
         std::fill(start.begin(), start.end(), 0);
         walk_rows(s, r0, r1, [&](int64_t, const PairList& l) {
