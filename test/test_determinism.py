@@ -42,6 +42,9 @@ def _run(net, x, threads):
 # few rows per offset (5-11), where MKL's multi-threaded GEMM splits small-M products differently.
 CASES = {
     "many_rows": dict(shape=[40, 40, 20], density=0.2, c_in=4, c=16, batch=2, dtype=torch.float32),
+    # Over 256k pairs in the first layer (C_in = 4, the direct route): the pairs are grouped by row in
+    # parallel on 2 threads and serially on 1.
+    "parallel_row_grouping": dict(shape=[64, 64, 32], density=0.2, c_in=4, c=16, batch=2, dtype=torch.float32),
     "few_rows_per_offset": dict(shape=[8, 8, 8], density=0.1, c_in=32, c=32, batch=1, dtype=torch.float32),
     "fp64": dict(shape=[16, 16, 8], density=0.3, c_in=3, c=8, batch=2, dtype=torch.float64),
     "bf16": dict(shape=[16, 16, 8], density=0.3, c_in=3, c=8, batch=2, dtype=torch.bfloat16),

@@ -4,6 +4,7 @@
 #include "fused_gemm.h"
 #include "one_thread_gemm.h"
 #include "partial_sums.h"
+#include "row_blocks.h"
 #include "run_tasks.h"
 #include "split_k.h"
 
@@ -89,95 +90,6 @@ int64_t cache_block_rows(int64_t n_rows, int64_t channels, int64_t elem_size) {
   constexpr int64_t kBlockBytes = 512 * 1024, kMinBlocks = 8;
   const int64_t fits = kBlockBytes / std::max<int64_t>(channels * elem_size, 1);
   return std::max<int64_t>(64, std::min(fits, (n_rows + kMinBlocks - 1) / kMinBlocks));
-}
-
-// The pairs bucketed by (block of key rows, offset): bucket (b, k) holds, in their original order, the pairs
-// of offset k whose key row (the side written) lies in block b. Identity offsets are left out: they apply to
-// each block's own rows directly. Where an offset's key rows already ascend (a SubM map's output side), its
-// buckets are ranges of the pair lists themselves; the other offsets' pairs are copied out, bucket by bucket.
-struct RowBlocks {
-  int64_t rows = 0, n_blocks = 0, kvol = 0;
-  std::vector<int64_t> first, last;  // [n_blocks * kvol]: bucket (b, k) is pairs [first, last) of key / other
-  std::vector<int32_t> key_copy, other_copy;
-  const int32_t* key_src = nullptr;
-  const int32_t* other_src = nullptr;
-  std::vector<char> copied;  // [kvol]: offset k's buckets index the copies
-
-  int64_t begin(int64_t b, int64_t k) const { return first[b * kvol + k]; }
-  int64_t count(int64_t b, int64_t k) const { return last[b * kvol + k] - first[b * kvol + k]; }
-  const int32_t* key(int64_t k) const { return copied[k] ? key_copy.data() : key_src; }
-  const int32_t* other(int64_t k) const { return copied[k] ? other_copy.data() : other_src; }
-  int64_t pairs(int64_t b) const {  // every non-identity pair of block b
-    int64_t n = 0;
-    for (int64_t k = 0; k < kvol; ++k) n += count(b, k);
-    return n;
-  }
-};
-
-bool ascends(const int32_t* v, int64_t n) {
-  bool ok = true;
-  for (int64_t p = 1; p < n; ++p) ok &= v[p - 1] < v[p];  // no early exit: a vectorisable pass
-  return ok;
-}
-
-RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const int64_t* offsets, int64_t kvol,
-                              const std::vector<char>& identity, int64_t n_rows, int64_t block_rows) {
-  RowBlocks d;
-  d.rows = block_rows;
-  d.kvol = kvol;
-  d.n_blocks = (n_rows + block_rows - 1) / block_rows;
-  d.key_src = key;
-  d.other_src = other;
-  d.first.assign(d.n_blocks * kvol, 0);
-  d.last.assign(d.n_blocks * kvol, 0);
-  d.copied.assign(kvol, 0);
-  int64_t copy_pairs = 0;
-  for (int64_t k = 0; k < kvol; ++k) {
-    if (identity[k]) continue;
-    const int32_t* kk = key + offsets[k];
-    const int64_t n = offsets[k + 1] - offsets[k];
-    if (!ascends(kk, n)) {
-      d.copied[k] = 1;
-      copy_pairs += n;
-      continue;
-    }
-    int64_t p = 0;  // the bucket edges by binary search
-    for (int64_t b = 0; b < d.n_blocks; ++b) {
-      d.first[b * kvol + k] = offsets[k] + p;
-      p = std::lower_bound(kk + p, kk + n, static_cast<int32_t>(std::min(n_rows, (b + 1) * block_rows))) - kk;
-      d.last[b * kvol + k] = offsets[k] + p;
-    }
-  }
-  if (copy_pairs == 0) return d;
-  // Each offset writes only its own buckets: the copied offsets run in parallel where their pairs pay for the
-  // threads (each parallel region costs a scheduler slice when a worker waits behind other processes).
-  constexpr int64_t kParallelCopyPairs = int64_t{1} << 18;
-  const int64_t grain = copy_pairs >= kParallelCopyPairs ? 1 : kvol;
-  std::vector<int64_t> count(d.n_blocks * kvol, 0);
-  at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k)
-      if (d.copied[k])
-        for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) ++count[key[p] / block_rows * kvol + k];
-  });
-  int64_t total = 0;  // the copies, bucket (b, k) after (b, k - 1)
-  for (int64_t i = 0; i < d.n_blocks * kvol; ++i) {
-    if (!d.copied[i % kvol]) continue;
-    d.first[i] = d.last[i] = total;
-    total += count[i];
-  }
-  d.key_copy.resize(total);
-  d.other_copy.resize(total);
-  at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) {
-      if (!d.copied[k]) continue;
-      for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) {
-        const int64_t slot = d.last[key[p] / block_rows * kvol + k]++;
-        d.key_copy[slot] = key[p];
-        d.other_copy[slot] = other[p];
-      }
-    }
-  });
-  return d;
 }
 
 // Task order, most pairs first.
