@@ -219,8 +219,8 @@ constexpr int64_t kAheadRows = 2;
 
 // Hands body(r, pairs) every row of [r0, r1) in order; a table's rows are compacted a chunk at a time.
 // Entries outside [-1, n_other) are skipped and make it return false. With `ahead`, the gathered rows of the
-// pairs kAheadRows rows on are prefetched first (AVX2 depthwise loops on a real scan: forward 15-25% faster;
-// an earlier AVX-512 measurement found no gain there).
+// pairs kAheadRows rows on are prefetched first (depthwise loops on a real scan: AVX2 forward 15-25% faster;
+// AVX-512, C=128, alternating builds: forward 8%, backward 5%).
 template <typename Body>
 bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body, Ahead ahead = {}) {
   if (s.table == nullptr) {
@@ -666,7 +666,7 @@ bool depthwise_backward_rows_avx512(const float* x, const float* w, const float*
           stream ? depthwise_backward_tile512<8, true> : kDepthwiseBackwardTiles512[(n + 15) / 16 - 1];
       tile(x, w, dy, C, l, i, c0, n, dx, part);
     }
-  });
+  }, Ahead{dy, C});
   if (stream) _mm_sfence();  // the streamed rows are visible before the task ends
   return ok;
 }
@@ -682,7 +682,7 @@ bool forward_rows_avx512(const float* x, const float* w, int64_t G, int64_t cig,
         const DepthwiseTile tile = stream ? depthwise_tile512<8, true> : kDepthwiseTiles512[(n + 15) / 16 - 1];
         tile(x, w, C, l, c0, n, y + r * C);
       }
-    });
+    }, Ahead{x, C});
     if (stream) _mm_sfence();  // the streamed rows are visible before the task ends
     return ok;
   }
