@@ -950,10 +950,12 @@ void group_pairs256(const float* x, int64_t cin, const float* wg, int64_t cig, i
     bucket_pairs(kBucketTiles256x1.data(), 12, x, cin, wg + t0, cig, cog, src, dst, m, xoff, yoff + t0, cout, y);
 }
 
-bool forward_bucketed(GroupPairs pairs, const float* x, const float* w, int64_t G, int64_t cig, int64_t cog,
+// avx512: the AVX-512 tiles, block size and table compaction; else the AVX2 ones.
+bool forward_bucketed(bool avx512, const float* x, const float* w, int64_t G, int64_t cig, int64_t cog,
                       const GroupedRows& s, float* y) {
   const int64_t cin = G * cig, cout = G * cog, kvol = s.kvol;
-  const int64_t block_rows = cpu_has_avx512f() ? kBucketBlockRows512 : kBucketBlockRows;
+  const GroupPairs pairs = avx512 ? group_pairs512 : group_pairs256;
+  const int64_t block_rows = avx512 ? kBucketBlockRows512 : kBucketBlockRows;
   const int64_t n_blocks = (s.rows + block_rows - 1) / block_rows;
   std::atomic<bool> ok{true};
   run_tasks(n_blocks, [&] {
@@ -965,8 +967,8 @@ bool forward_bucketed(GroupPairs pairs, const float* x, const float* w, int64_t 
         // skipped and flagged.
         dst.resize((r1 - r0) * kvol + 16);
         src.resize((r1 - r0) * kvol + 16);
-        const bool valid = cpu_has_avx512f() ? compact_columns_avx512(s, r0, r1, start.data(), dst.data(), src.data())
-                                             : compact_columns_base(s, r0, r1, start.data(), dst.data(), src.data());
+        const bool valid = avx512 ? compact_columns_avx512(s, r0, r1, start.data(), dst.data(), src.data())
+                                  : compact_columns_base(s, r0, r1, start.data(), dst.data(), src.data());
         if (!valid) ok = false;
       } else {
         std::fill(start.begin(), start.end(), 0);
@@ -1013,8 +1015,8 @@ bool grouped_forward(const at::Tensor& x, const at::Tensor& w, const GroupedRows
   if (avx2_float(x)) {
     const bool avx512 = cpu_has_avx512f();
     if (avx512 ? cig >= 16 && cog % 16 == 0 : cig >= 8 && cog % 8 == 0)
-      return forward_bucketed(avx512 ? group_pairs512 : group_pairs256, x.const_data_ptr<float>(),
-                              w.const_data_ptr<float>(), G, cig, cog, rows, y.mutable_data_ptr<float>());
+      return forward_bucketed(avx512, x.const_data_ptr<float>(), w.const_data_ptr<float>(), G, cig, cog, rows,
+                              y.mutable_data_ptr<float>());
   }
 #endif
   const bool avx2 = avx2_float(x);
