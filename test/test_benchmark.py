@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import spconv
 from spconv.benchmark import baseline, compare, network, reference, report, scenes
 from spconv.benchmark.cli import parse_args, pick_dtypes, pick_workloads
 from spconv.benchmark.flops import ConvLayer, conv_flops, layer_flops, total_flops
@@ -164,6 +165,37 @@ def test_mm_yardstick_caps_the_long_dimension_and_scales(monkeypatch):
     assert mm.product_ms((8, 1000, 16)) == pytest.approx(20.0)  # dW: reduction length capped
     assert mm.product_ms((50, 8, 16)) == pytest.approx(2.0)  # small products are timed whole
     assert timed == [(100, 16), (8, 16), (50, 16)]
+
+
+def test_fma_peak_loop_counts_its_flops_and_checks_its_arguments():
+    lanes = {"avx512": 16, "avx2": 8, "generic": 1}[spconv.build_info()["cpu_isa"]]
+    threads = torch.get_num_threads()
+    for dtype, per_vector in ((torch.float32, lanes), (torch.float64, max(lanes // 2, 1))):
+        # 12 chains of one vector each, 2 FLOPs per lane and step, on every intra-op thread
+        assert torch.ops.spconv.cpu_fma_peak_loop(1000, dtype) == threads * 1000 * 2 * 12 * per_vector
+    with pytest.raises(ValueError, match="iters"):
+        torch.ops.spconv.cpu_fma_peak_loop(0, torch.float32)
+    with pytest.raises(ValueError, match="dtype"):
+        torch.ops.spconv.cpu_fma_peak_loop(10, torch.int32)
+    assert baseline.fma_loop_gflops(torch.float32, Plan(0, 1), threads=1) > 0
+    assert torch.get_num_threads() == threads  # restored
+
+
+def test_peak_is_the_best_of_the_big_product_and_the_fma_loop(monkeypatch):
+    monkeypatch.setattr(baseline, "quiet_time_fn", lambda fn, device, plan: Stats([2 * 2048 ** 3 / 100e6]))
+    for fma, source in ((300.0, "FMA loop"), (50.0, "torch.mm 2048^3")):
+        monkeypatch.setattr(baseline, "fma_loop_gflops", lambda dtype, plan, threads=None, r=fma: r)
+        mm = baseline.MMBaseline(torch.device("cpu"), torch.float32, Plan(0, 1))
+        assert mm.peak_gflops() == pytest.approx(max(100.0, fma))
+        assert mm.peak_source().startswith(source)
+        m = _measurement(peak_gflops=mm.peak_gflops())
+        rec = Record(meta={"peak_sources": {"cpu/fp32": mm.peak_parts}}, measurements=[m])
+        header = [ln for ln in report.format_measurements(rec).splitlines() if ln.startswith("peak")]
+        assert header == [f"peak (best timed run, this run): fp32 {m.peak_gflops:.1f} GFLOP/s = "
+                          + baseline.describe_peak(mm.peak_parts)] and f"= {source}" in header[0], header
+    # FP16 has no FMA loop: the big product alone
+    mm = baseline.MMBaseline(torch.device("cpu"), torch.float16, Plan(0, 1))
+    assert mm.peak_gflops() == pytest.approx(100.0) and list(mm.peak_parts) == ["torch.mm 2048^3"]
 
 
 def test_reference_pairs_match_brute_force():
@@ -368,6 +400,7 @@ def test_quick_run_end_to_end(tmp_path):
     assert any("dense" in c["what"] for c in data["checks"] if c["workload"] == "basic")
     passes = {(m["workload"], m["pass_name"]) for m in data["measurements"]}
     assert {("basic", "forward"), ("basic", "forward_backward"), ("layers", "forward")} <= passes
+    assert any(k.startswith("FMA loop") for k in data["meta"]["peak_sources"]["cpu/fp32"])
     fwd = next(m for m in data["measurements"] if m["workload"] == "basic" and m["pass_name"] == "forward")
     assert fwd["flops"] > 0 and fwd["mm_ms"] > 0 and len(fwd["samples_ms"]) == fwd["iters"]
 

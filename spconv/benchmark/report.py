@@ -2,6 +2,7 @@
 import math
 from typing import Dict, List, Sequence
 
+from spconv.benchmark.baseline import describe_peak
 from spconv.benchmark.results import Check, Measurement, Record
 
 PASS_LABEL = {"forward": "fwd", "backward": "bwd", "forward_backward": "fwd+bwd", "build": "build"}
@@ -70,11 +71,19 @@ def format_measurements(record: Record) -> str:
         parts.append(f"== {workload}")
         peaks = sorted({(m.dtype, m.peak_gflops) for m in ms if m.peak_gflops})
         if peaks:
-            parts.append("peak (torch.mm 2048^3, best timed run, this run): " +
-                         ", ".join(f"{d} {fmt_num(p)} GFLOP/s" for d, p in peaks))
+            parts.append("peak (best timed run, this run): " +
+                         ", ".join(f"{d} {fmt_num(p)} GFLOP/s{_peak_source(record.meta, d, p)}" for d, p in peaks))
         busy = any(m.busy_ms is not None for m in ms)
         parts.append(format_table(MEASUREMENT_HEADERS + (BUSY_HEADERS if busy else []), measurement_rows(ms), left=4))
     return "\n\n".join(parts)
+
+
+def _peak_source(meta: Dict[str, object], dtype: str, peak: float) -> str:
+    """' = FMA loop, 2 threads (torch.mm 2048^3 202 GFLOP/s)': which measurement a dtype's peak is."""
+    for key, parts in (meta.get("peak_sources") or {}).items():
+        if key.endswith("/" + dtype) and parts and abs(max(parts.values()) - peak) <= 0.01:
+            return " = " + describe_peak(parts)
+    return ""
 
 
 def format_layers(rows: List[Dict[str, object]]) -> str:
@@ -126,7 +135,8 @@ def format_header(meta: Dict[str, object]) -> str:
                                                if meta.get("busy_processes") else ""),
              "route* = the route a plain model call takes here; GFLOP = useful FLOPs (2 x pairs x Cin x Cout per "
              "pass); vs mm = time of torch.mm on the same FLOPs / our time (1.0x = GEMM speed); of peak = GFLOP/s / the "
-             "machine's best torch.mm 2048^3 rate in this run (near the FMA peak on a CPU); tf32 runs only on "
+             "machine's peak measured in this run (the best of a 2048^3 torch.mm and, on a CPU, an FMA loop on the "
+             "kernels' widest vectors); tf32 runs only on "
              "the native route (the fused route computes FP32 with FMA)"]
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ class Measurement:
     max_ms: float
     iters: int
     mm_ms: Optional[float] = None  # torch.mm on the same useful FLOPs, same run
-    peak_gflops: Optional[float] = None  # the machine's big-GEMM rate (2048^3 torch.mm) for this dtype, same run
+    peak_gflops: Optional[float] = None  # the machine's peak for this dtype, same run (baseline.peak_gflops)
     busy_ms: Optional[float] = None  # median with --busy N CPU-bound processes beside it, same run
     samples_ms: List[float] = field(default_factory=list)
     library: str = "this"  # "this" or the compared implementation's label

@@ -73,7 +73,9 @@ def measurement(ctx: Context, workload: str, case: str, route, chosen: bool, dty
         with tf32_mode(dtype_name):
             baseline = ctx.mm(route.device, mm_dtype)
             mm_ms, peak = baseline.pass_ms(layers, pass_name), baseline.peak_gflops()
-        ctx.record.meta.setdefault("peak_gflops", {})[f"{route.device.type}/{dtype_name}"] = round(peak, 2)
+        key = f"{route.device.type}/{dtype_name}"
+        ctx.record.meta.setdefault("peak_gflops", {})[key] = round(peak, 2)
+        ctx.record.meta.setdefault("peak_sources", {})[key] = {k: round(v, 2) for k, v in baseline.peak_parts.items()}
     m = Measurement(workload=workload, case=case, route=route.name, chosen=chosen, dtype=dtype_name,
                     pass_name=pass_name, voxels=int(voxels), flops=total_flops(layers, pass_name),
                     median_ms=stats.median, min_ms=stats.min, max_ms=stats.max, iters=len(stats.samples_ms),

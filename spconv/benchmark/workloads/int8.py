@@ -70,7 +70,8 @@ def _rows(ctx: Context, scan, route: Route, chosen: bool):
     device = route.device
     gen = torch.Generator(device="cpu").manual_seed(ctx.seed)
     n = len(s.indices)
-    peak = ctx.mm(device, "fp32").peak_gflops()
+    baseline = ctx.mm(device, "fp32")
+    peak = baseline.peak_gflops()
     # one SubM layer, map cached
     feats = torch.randn(n, C, generator=gen).numpy()
     torch.manual_seed(ctx.seed)
@@ -102,7 +103,7 @@ def _rows(ctx: Context, scan, route: Route, chosen: bool):
             else _int8.kernel_path(torch.zeros(1, 1, dtype=torch.int8, device=device)))
     ctx.note(f"int8 ({route.name}, {path}): SubM 3x3x3 {C}->{C} N={n} map cached: fp32 {fp32.median:.2f} ms, int8 "
              f"{int8.median:.2f} ms = {fp32.median / int8.median:.2f}x faster, {gops:.0f} GOP/s = "
-             f"{gops / peak:.2f}x the fp32 peak ({peak:.0f} GFLOP/s, torch.mm 2048^3 this run)")
+             f"{gops / peak:.2f}x the fp32 peak ({peak:.0f} GFLOP/s this run: {baseline.peak_source()})")
     # the basic network's forward
     torch.manual_seed(ctx.seed)
     net = build_basic_net(sp, s.features.shape[1]).to(device).eval()
