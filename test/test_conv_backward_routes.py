@@ -1,6 +1,6 @@
 """The native CPU conv backward's two routes (one pass over blocks of input rows with per-group dW partials
-for large inputs; dX and a split-K dW pass separately otherwise): both match a reference and give the same
-bits on 1 and 2 threads."""
+for large inputs, with the fused kernels or the vendor GEMM; dX and a split-K dW pass separately otherwise):
+each matches a reference and gives the same bits on 1 and 2 threads."""
 import pytest
 import torch
 
@@ -36,9 +36,12 @@ def _backward(x, w, dy, pin, pout, poff, threads):
         torch.set_num_threads(saved)
 
 
-# large: ~150k pairs with few channels (the row-block route); small and strided: the separate route.
+# large_subm_fused: X and dY of 18 MB, past the separate passes' 16 MB: the row blocks with the fused kernels (on
+# AVX2 and AVX-512 CPUs). large_subm_vendor: ~150k pairs, 20 output channels (no fused dW kernel): the row
+# blocks with the vendor GEMM. small and strided: the separate route.
 CASES = {
-    "large_subm": dict(shape=[30, 30, 30], n=12000, subm=True, c_in=16, c_out=24),
+    "large_subm_fused": dict(shape=[40, 40, 40], n=36000, subm=True, c_in=64, c_out=64),
+    "large_subm_vendor": dict(shape=[30, 30, 30], n=12000, subm=True, c_in=16, c_out=20),
     "small_subm": dict(shape=[16, 16, 16], n=800, subm=True, c_in=32, c_out=40),
     "strided": dict(shape=[20, 20, 20], n=2000, subm=False, c_in=24, c_out=16),
 }

@@ -156,6 +156,13 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
         std::fill(y + r0 * c_dst, y + r1 * c_dst, scalar_t(0));
         for (int64_t k = 0; k < kvol; ++k) {
           if (identity[k]) {  // rows map to themselves: accumulate straight into the block
+            if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+              if (fused_kernel) {  // the offset's own pair lists are the block's rows in order
+                fused_gather_gemm_scatter(x, c_src, gather + offsets[k] + r0, scatter + offsets[k] + r0, r1 - r0,
+                                          w_rows.const_data_ptr<scalar_t>() + k * c_src * c_dst, c_dst, y);
+                continue;
+              }
+            }
             dst.narrow(0, r0, r1 - r0).addmm_(src.narrow(0, r0, r1 - r0), w[k]);
             continue;
           }
@@ -230,10 +237,39 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
   });
 }
 
-// Backward in one pass over blocks of input rows (dY gathered once per pair for both products, and a block's
-// X and dX rows stay in cache across its offsets). dW is split by runs of consecutive blocks ("groups") of
-// about equal pair counts: each group sums its products into a partial of its own, then the partials are
-// added in group order. Blocks and groups depend on the sizes only: the bits don't depend on the thread count.
+// The fused backward of row blocks [b0, b1) (backward_by_row_blocks): their dX rows, and their pairs' dW products
+// summed into acc [kvol, c_in, c_out], offset by offset in block order. wt: W[k]^T as [kvol, c_out, c_in].
+template <typename T>
+void fused_backward_blocks(const T* x, int64_t c_in, const T* dy, int64_t c_out, const T* wt, const int32_t* pair_in,
+                           const int32_t* pair_out, const int64_t* offsets, const std::vector<char>& identity,
+                           const RowBlocks& blocks, int64_t n_in, int64_t b0, int64_t b1, T* dx, T* acc) {
+  const int64_t kvol = blocks.kvol;
+  std::vector<char> started(kvol, 0);
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const int64_t r0 = blk * blocks.rows, r1 = std::min(n_in, r0 + blocks.rows);
+    std::fill(dx + r0 * c_in, dx + r1 * c_in, T(0));
+    for (int64_t k = 0; k < kvol; ++k) {
+      // An identity offset's own pair lists are the block's rows in order.
+      const int32_t* in = identity[k] ? pair_in + offsets[k] + r0 : blocks.key(k) + blocks.begin(blk, k);
+      const int32_t* out = identity[k] ? pair_out + offsets[k] + r0 : blocks.other(k) + blocks.begin(blk, k);
+      const int64_t m = identity[k] ? r1 - r0 : blocks.count(blk, k);
+      if (m == 0) continue;
+      // dX rows += dY[out] W[k]^T, then dW[k] += X[in]^T dY[out]: the dY rows are read again while in cache.
+      fused_gather_gemm_scatter(dy, c_out, out, in, m, wt + k * c_out * c_in, c_in, dx);
+      fused_weight_grad(x, c_in, dy, c_out, in, out, m, started[k] != 0, acc + k * c_in * c_out);
+      started[k] = 1;
+    }
+  }
+  for (int64_t k = 0; k < kvol; ++k)
+    if (!started[k]) std::fill(acc + k * c_in * c_out, acc + (k + 1) * c_in * c_out, T(0));
+}
+
+// Backward in one pass over blocks of input rows (a block's X and dX rows stay in cache across its offsets, and
+// each dY row it reads serves both products while in cache). dW is split by runs of consecutive blocks
+// ("groups") of about equal pair counts: each group sums its products into a partial of its own, then the
+// partials are added in group order. Blocks and groups depend on the sizes only: the bits don't depend on the
+// thread count. FP32/FP64 with the fused kernels for both products (dX as the forward of dY with W^T) read the
+// rows straight into the multiply; otherwise the vendor GEMM runs on gathered chunks.
 void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
                             const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
                             const std::vector<char>& identity, int64_t n_groups, at::Tensor& dx, at::Tensor& dw) {
@@ -260,10 +296,32 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
   const std::vector<int64_t> order = longest_first(work);
   // Group 0 sums straight into dw, the others into partials.
   at::Tensor part = at::empty({n_groups - 1, kvol, c_in, c_out}, x.options());
+  const bool fused_kernels = fused_cpu_gemm_enabled() &&
+                             fused_weight_grad_ok_for(x.scalar_type(), c_in, c_out) &&
+                             fused_gemm_ok_for(x.scalar_type(), c_out, c_in);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gather_gemm_scatter_backward", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
     scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
+    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+      if (fused_kernels) {
+        // W[k]^T as [c_out, c_in] row-major for the dX kernel (on this thread: a few hundred kilobytes).
+        const at::Tensor wt_rows = [&] {
+          c10::ParallelGuard this_thread(true);
+          return weights.transpose(1, 2).contiguous();
+        }();
+        const scalar_t* wtp = wt_rows.const_data_ptr<scalar_t>();
+        run_tasks(n_groups, [&] {
+          return [&](int64_t t) {
+            const int64_t g = order[t];
+            fused_backward_blocks(xp, c_in, gp, c_out, wtp, pair_in, pair_out, offsets, identity, blocks, n_in,
+                                  first_block[g], first_block[g + 1], dxp,
+                                  (g == 0 ? dw : part[g - 1]).mutable_data_ptr<scalar_t>());
+          };
+        });
+        return;
+      }
+    }
     run_tasks<OneThreadGemm>(n_groups, [&] {
       at::Tensor a = at::empty({rows, c_in}, x.options());
       at::Tensor b = at::empty({rows, c_out}, x.options());
@@ -329,8 +387,9 @@ void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights
   const int64_t partial = kvol * x.size(1) * dy.size(1) * x.element_size();
   const int64_t groups = std::min(kMaxGroups, kPartialBytes / partial);
   const int64_t pairs = offsets[kvol] - offsets[0];
-  // With the fused kernels for both products and X, dY small enough to stay in cache, the separate passes
-  // gather from cache without buffers and win (SubM 64 N=10k: 1.3x); larger inputs keep the row blocks' locality.
+  // With the fused kernels for both products and X, dY small enough to stay in cache, the separate passes win
+  // (SubM 3^3 N=10k, Zen 5 AVX-512: 64 channels 3%, 128 6% against the fused row blocks); larger inputs keep
+  // the row blocks' locality (N=40k, 64 channels: 9%; N=100k: 26%).
   constexpr int64_t kFusedBackwardBytes = int64_t{16} << 20;
   const bool fused_separate = fused_cpu_gemm_enabled() &&
                               fused_weight_grad_ok_for(x.scalar_type(), x.size(1), dy.size(1)) &&
