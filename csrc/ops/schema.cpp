@@ -6,9 +6,11 @@
 
 #include "build_info.h"
 #include "checks.h"
-#include "fma_peak_op.h"
 #include "op_library.h"
 #include "output_cache.h"
+#if !defined(SPCONV_HIP_CPU)
+#include "cpu/fma_peak_op.h"
+#endif
 
 SPCONV_SCHEMA(m) {
   m.def("build_info() -> str", &spconv::build_info_json);
@@ -18,9 +20,11 @@ SPCONV_SCHEMA(m) {
   // bytes], and handing its blocks back to the OS.
   m.def("cpu_output_cache_info() -> int[]", &spconv::ops::output_cache_info);
   m.def("cpu_output_cache_clear() -> ()", &spconv::ops::output_cache_clear);
+#if !defined(SPCONV_HIP_CPU)  // the HIP CPU test build holds the GPU code only
   // The FLOPs of `iters` steps of independent FMA chains on each intra-op thread, on the widest vectors the CPU
   // kernels use (float32 or float64 lanes): timed by the benchmark as the machine's FMA peak.
   m.def("cpu_fma_peak_loop(int iters, ScalarType dtype) -> int", &spconv::ops::cpu_fma_peak_loop);
+#endif
 
   // ---- kernel maps ----
   // Pairs grouped by kernel offset: pair_in[p] feeds pair_out[p] through the offset k with

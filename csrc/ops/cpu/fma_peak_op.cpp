@@ -2,7 +2,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "../native/fma_peak.h"
+#include "../../native/fma_peak.h"
 
 namespace spconv {
 namespace ops {
