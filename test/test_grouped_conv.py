@@ -322,6 +322,26 @@ def test_ops_bad_input_raise():
         torch.ops.spconv.indice_conv_grouped(feats, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, -1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_two_pass_backward_offsets_without_pairs(dtype):
+    """Voxels on one line along x: the SubM offsets that step in z or y have no pairs, and their dW must be exactly
+    zero on the two-pass backward (16 channels per group), even in memory a previous backward left non-zero."""
+    torch.manual_seed(0)
+    xs = torch.arange(0, 40, dtype=torch.int32)
+    idx = torch.stack([torch.zeros_like(xs), torch.full_like(xs, 3), torch.full_like(xs, 3), xs], 1)
+    layer = _layer("subm", 3, 64, 64, 4).to(dtype)
+    dense = random_sparse(3, [7, 7, 40], 1, 64, density=0.5, seed=5)
+    layer(dense.replace_feature(dense.features.to(dtype))).features.sum().backward()  # fills a dW buffer
+    layer.weight.grad = None  # ... and frees it for the next one
+    x = spconv.SparseConvTensor(torch.randn(len(xs), 64, dtype=dtype), idx, [7, 7, 40], 1)
+    _check(layer, x, 4, "subm", 1, 0, 1, atol=1e-4 if dtype == torch.float32 else 1e-10)
+    grad = layer.weight.grad  # [Cout, kz, ky, kx, Cin/G]
+    off_line = torch.ones(3, 3, 3, dtype=torch.bool)
+    off_line[1, 1, :] = False  # only the offsets along x pair two voxels
+    assert torch.count_nonzero(grad[:, off_line]) == 0
+    assert torch.count_nonzero(grad[:, 1, 1, 1]) > 0
+
+
 def test_deterministic_across_threads():
     torch.manual_seed(0)
     x = random_sparse(3, [24, 24, 16], 1, 128, density=0.3, seed=2)
@@ -331,7 +351,9 @@ def test_deterministic_across_threads():
         for threads in (1, 2, 1):
             torch.set_num_threads(threads)
             outs = []
-            for groups in (128, 8, 4):  # depthwise, the single-pass backward, the GEMM dW
+            # depthwise; the single-pass backward (4 channels per group); the two-pass backward with the fused dW
+            # (16 and 32 channels per group)
+            for groups in (128, 32, 8, 4):
                 torch.manual_seed(1)
                 layer = _layer("subm", 3, 128, 128, groups)
                 xf = x.replace_feature(x.features.clone().requires_grad_(True))

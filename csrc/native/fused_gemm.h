@@ -21,15 +21,17 @@ void fused_gather_gemm_scatter_avx2(const float* x, int64_t cin, const int32_t* 
                                     int64_t m, const float* w, int64_t cout, float* y);
 
 // The filter gradient of one offset in one pass over its pairs: dw [cin, cout] (row-major) = (accumulate ? dw :
-// 0) + sum_p x[in[p]]^T dy[out[p]]. Tiles of 6 input channels x 4 vectors of output channels stay in registers
+// 0) + sum_p x[in[p]]^T dy[out[p]], the rows of x and dy ldx and ldy elements apart (>= cin, cout: a group's
+// channels are a slice of the rows). Tiles of 6 input channels x 4 vectors of output channels stay in registers
 // over chunks of 256 pairs; each element sums its pairs in order. AVX-512, cout a multiple of the vector.
-void fused_weight_grad_avx512(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
-                              const int32_t* out, int64_t m, bool accumulate, float* dw);
-void fused_weight_grad_avx512(const double* x, int64_t cin, const double* dy, int64_t cout, const int32_t* in,
-                              const int32_t* out, int64_t m, bool accumulate, double* dw);
+void fused_weight_grad_avx512(const float* x, int64_t ldx, int64_t cin, const float* dy, int64_t ldy, int64_t cout,
+                              const int32_t* in, const int32_t* out, int64_t m, bool accumulate, float* dw);
+void fused_weight_grad_avx512(const double* x, int64_t ldx, int64_t cin, const double* dy, int64_t ldy,
+                              int64_t cout, const int32_t* in, const int32_t* out, int64_t m, bool accumulate,
+                              double* dw);
 // AVX2 (float, cout a multiple of 8): tiles of 6 input channels x 16 output channels, the same chains (bits).
-void fused_weight_grad_avx2(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
-                            const int32_t* out, int64_t m, bool accumulate, float* dw);
+void fused_weight_grad_avx2(const float* x, int64_t ldx, int64_t cin, const float* dy, int64_t ldy, int64_t cout,
+                            const int32_t* in, const int32_t* out, int64_t m, bool accumulate, float* dw);
 
 // AVX2 dW kernel only up to this many output channels. SubM 3^3, 10k voxels, backward, in-process A/B against
 // the vendor GEMM with MKL capped to AVX2: 16 channels 33% faster, 32 6-8%, 64 within +-3%, 128 5-9% slower.
@@ -63,17 +65,18 @@ inline void fused_gather_gemm_scatter(const float* x, int64_t cin, const int32_t
     fused_gather_gemm_scatter_avx2(x, cin, gather, scatter, m, w, cout, y);
 }
 
-inline void fused_weight_grad(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
-                              const int32_t* out, int64_t m, bool accumulate, float* dw) {
+inline void fused_weight_grad(const float* x, int64_t ldx, int64_t cin, const float* dy, int64_t ldy, int64_t cout,
+                              const int32_t* in, const int32_t* out, int64_t m, bool accumulate, float* dw) {
   if (cpu_has_avx512f() && cout % 16 == 0)
-    fused_weight_grad_avx512(x, cin, dy, cout, in, out, m, accumulate, dw);
+    fused_weight_grad_avx512(x, ldx, cin, dy, ldy, cout, in, out, m, accumulate, dw);
   else
-    fused_weight_grad_avx2(x, cin, dy, cout, in, out, m, accumulate, dw);
+    fused_weight_grad_avx2(x, ldx, cin, dy, ldy, cout, in, out, m, accumulate, dw);
 }
 
-inline void fused_weight_grad(const double* x, int64_t cin, const double* dy, int64_t cout, const int32_t* in,
-                              const int32_t* out, int64_t m, bool accumulate, double* dw) {
-  fused_weight_grad_avx512(x, cin, dy, cout, in, out, m, accumulate, dw);
+inline void fused_weight_grad(const double* x, int64_t ldx, int64_t cin, const double* dy, int64_t ldy,
+                              int64_t cout, const int32_t* in, const int32_t* out, int64_t m, bool accumulate,
+                              double* dw) {
+  fused_weight_grad_avx512(x, ldx, cin, dy, ldy, cout, in, out, m, accumulate, dw);
 }
 
 inline void fused_gather_gemm_scatter(const double* x, int64_t cin, const int32_t* gather, const int32_t* scatter,

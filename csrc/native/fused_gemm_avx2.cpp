@@ -104,9 +104,9 @@ SPCONV_TARGET_AVX2 void columns(const float* x, int64_t cin, const int32_t* gath
 // pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`): the
 // AVX-512 kernel's chains, so both give the same bits. 6 x 2 accumulators, 2 dy vectors, 1 broadcast.
 template <int NV>
-SPCONV_TARGET_AVX2 void dw_tile(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
-                                const int32_t* out, int64_t m, int64_t c0, int64_t rows, int64_t j0, bool fresh,
-                                float* dw) {
+SPCONV_TARGET_AVX2 void dw_tile(const float* x, int64_t ldx, const float* dy, int64_t ldy, int64_t cout,
+                                const int32_t* in, const int32_t* out, int64_t m, int64_t c0, int64_t rows, int64_t j0,
+                                bool fresh, float* dw) {
   int64_t col[kRows];  // the channel each register row reads (the rows past `rows` repeat the first)
   for (int i = 0; i < kRows; ++i) col[i] = c0 + (i < rows ? i : 0);
   __m256 acc[kRows][NV];
@@ -116,8 +116,8 @@ SPCONV_TARGET_AVX2 void dw_tile(const float* x, int64_t cin, const float* dy, in
     for (int v = 0; v < NV; ++v)
       acc[i][v] = fresh || i >= rows ? _mm256_setzero_ps() : _mm256_loadu_ps(dw + col[i] * cout + j0 + 8 * v);
   for (int64_t p = 0; p < m; ++p) {
-    const float* xr = x + int64_t{in[p]} * cin;
-    const float* gr = dy + int64_t{out[p]} * cout + j0;
+    const float* xr = x + int64_t{in[p]} * ldx;
+    const float* gr = dy + int64_t{out[p]} * ldy + j0;
     __m256 b[NV];
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) b[v] = _mm256_loadu_ps(gr + 8 * v);
@@ -138,12 +138,13 @@ SPCONV_TARGET_AVX2 void dw_tile(const float* x, int64_t cin, const float* dy, in
 
 }  // namespace
 
-void fused_weight_grad_avx2(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
-                            const int32_t* out, int64_t m, bool accumulate, float* dw) {
+void fused_weight_grad_avx2(const float* x, int64_t ldx, int64_t cin, const float* dy, int64_t ldy, int64_t cout,
+                            const int32_t* in, const int32_t* out, int64_t m, bool accumulate, float* dw) {
   auto tile = [&](int64_t p0, int64_t n, int64_t c0, int64_t rows, bool fresh) {
     int64_t j0 = 0;
-    for (; j0 + 16 <= cout; j0 += 16) dw_tile<2>(x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
-    if (cout - j0 >= 8) dw_tile<1>(x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
+    for (; j0 + 16 <= cout; j0 += 16)
+      dw_tile<2>(x, ldx, dy, ldy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
+    if (cout - j0 >= 8) dw_tile<1>(x, ldx, dy, ldy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
   };
   weight_grad_loop(cin, cout, m, accumulate, kRows, dw, tile);
 }
@@ -158,8 +159,8 @@ void fused_gather_gemm_scatter_avx2(const float* x, int64_t cin, const int32_t* 
 #else
 void fused_gather_gemm_scatter_avx2(const float*, int64_t, const int32_t*, const int32_t*, int64_t, const float*,
                                     int64_t, float*) {}
-void fused_weight_grad_avx2(const float*, int64_t, const float*, int64_t, const int32_t*, const int32_t*, int64_t,
-                            bool, float*) {}
+void fused_weight_grad_avx2(const float*, int64_t, int64_t, const float*, int64_t, int64_t, const int32_t*,
+                            const int32_t*, int64_t, bool, float*) {}
 #endif
 
 }  // namespace native

@@ -111,7 +111,7 @@ void gather_gemm_scatter_columns(const T* x, int64_t cin, const int32_t* gather,
 // dw rows [c0, c0 + rows) x columns [j0, j0 + lanes * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
 // pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`).
 template <typename T, int NV>
-SPCONV_TARGET_AVX512 void dw_tile(const T* x, int64_t cin, const T* dy, int64_t cout, const int32_t* in,
+SPCONV_TARGET_AVX512 void dw_tile(const T* x, int64_t ldx, const T* dy, int64_t ldy, int64_t cout, const int32_t* in,
                                    const int32_t* out, int64_t m, int64_t c0, int64_t rows, int64_t j0, bool fresh,
                                    T* dw) {
   using S = Vec<T>;
@@ -123,8 +123,8 @@ SPCONV_TARGET_AVX512 void dw_tile(const T* x, int64_t cin, const T* dy, int64_t 
     SPCONV_UNROLL for (int v = 0; v < NV; ++v)
       acc[i][v] = fresh || i >= rows ? S::zero() : S::load(dw + col[i] * cout + j0 + L * v);
   for (int64_t p = 0; p < m; ++p) {
-    const T* xr = x + int64_t{in[p]} * cin;
-    const T* gr = dy + int64_t{out[p]} * cout + j0;
+    const T* xr = x + int64_t{in[p]} * ldx;
+    const T* gr = dy + int64_t{out[p]} * ldy + j0;
     typename S::V b[NV];
     SPCONV_UNROLL for (int v = 0; v < NV; ++v) b[v] = S::load(gr + L * v);
     SPCONV_UNROLL for (int i = 0; i < kRows; ++i) {
@@ -139,16 +139,16 @@ SPCONV_TARGET_AVX512 void dw_tile(const T* x, int64_t cin, const T* dy, int64_t 
 }
 
 template <typename T>
-void weight_grad_tiles(const T* x, int64_t cin, const T* dy, int64_t cout, const int32_t* in, const int32_t* out,
-                       int64_t m, bool accumulate, T* dw) {
-  using DwTile = void (*)(const T*, int64_t, const T*, int64_t, const int32_t*, const int32_t*, int64_t, int64_t,
-                          int64_t, int64_t, bool, T*);
+void weight_grad_tiles(const T* x, int64_t ldx, int64_t cin, const T* dy, int64_t ldy, int64_t cout,
+                       const int32_t* in, const int32_t* out, int64_t m, bool accumulate, T* dw) {
+  using DwTile = void (*)(const T*, int64_t, const T*, int64_t, int64_t, const int32_t*, const int32_t*, int64_t,
+                          int64_t, int64_t, int64_t, bool, T*);
   constexpr DwTile kDwTiles[] = {dw_tile<T, 1>, dw_tile<T, 2>, dw_tile<T, 3>, dw_tile<T, 4>};
   constexpr int64_t L = Vec<T>::kLanes, kPass = L * kMaxVectors;
   auto tile = [&](int64_t p0, int64_t n, int64_t c0, int64_t rows, bool fresh) {
     for (int64_t j0 = 0; j0 < cout; j0 += kPass) {
       const int64_t nv = std::min(kPass, cout - j0) / L;
-      kDwTiles[nv - 1](x, cin, dy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
+      kDwTiles[nv - 1](x, ldx, dy, ldy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
     }
   };
   weight_grad_loop(cin, cout, m, accumulate, kRows, dw, tile);
@@ -164,23 +164,24 @@ void fused_gather_gemm_scatter_avx512(const double* x, int64_t cin, const int32_
                                       int64_t m, const double* w, int64_t cout, double* y) {
   gather_gemm_scatter_columns(x, cin, gather, scatter, m, w, cout, y);
 }
-void fused_weight_grad_avx512(const float* x, int64_t cin, const float* dy, int64_t cout, const int32_t* in,
-                              const int32_t* out, int64_t m, bool accumulate, float* dw) {
-  weight_grad_tiles(x, cin, dy, cout, in, out, m, accumulate, dw);
+void fused_weight_grad_avx512(const float* x, int64_t ldx, int64_t cin, const float* dy, int64_t ldy, int64_t cout,
+                              const int32_t* in, const int32_t* out, int64_t m, bool accumulate, float* dw) {
+  weight_grad_tiles(x, ldx, cin, dy, ldy, cout, in, out, m, accumulate, dw);
 }
-void fused_weight_grad_avx512(const double* x, int64_t cin, const double* dy, int64_t cout, const int32_t* in,
-                              const int32_t* out, int64_t m, bool accumulate, double* dw) {
-  weight_grad_tiles(x, cin, dy, cout, in, out, m, accumulate, dw);
+void fused_weight_grad_avx512(const double* x, int64_t ldx, int64_t cin, const double* dy, int64_t ldy,
+                              int64_t cout, const int32_t* in, const int32_t* out, int64_t m, bool accumulate,
+                              double* dw) {
+  weight_grad_tiles(x, ldx, cin, dy, ldy, cout, in, out, m, accumulate, dw);
 }
 #else
 void fused_gather_gemm_scatter_avx512(const float*, int64_t, const int32_t*, const int32_t*, int64_t, const float*,
                                       int64_t, float*) {}
 void fused_gather_gemm_scatter_avx512(const double*, int64_t, const int32_t*, const int32_t*, int64_t,
                                       const double*, int64_t, double*) {}
-void fused_weight_grad_avx512(const float*, int64_t, const float*, int64_t, const int32_t*, const int32_t*, int64_t,
-                              bool, float*) {}
-void fused_weight_grad_avx512(const double*, int64_t, const double*, int64_t, const int32_t*, const int32_t*,
-                              int64_t, bool, double*) {}
+void fused_weight_grad_avx512(const float*, int64_t, int64_t, const float*, int64_t, int64_t, const int32_t*,
+                              const int32_t*, int64_t, bool, float*) {}
+void fused_weight_grad_avx512(const double*, int64_t, int64_t, const double*, int64_t, int64_t, const int32_t*,
+                              const int32_t*, int64_t, bool, double*) {}
 #endif
 
 }  // namespace native

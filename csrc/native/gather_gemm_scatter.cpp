@@ -217,7 +217,7 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
         const KSegment& sg = segs[order[t]];
         at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
         if (fused_kernel) {
-          fused_weight_grad(xp, c_in, gp, c_out, pair_in + sg.begin, pair_out + sg.begin, sg.end - sg.begin, false,
+          fused_weight_grad(xp, c_in, c_in, gp, c_out, c_out, pair_in + sg.begin, pair_out + sg.begin, sg.end - sg.begin, false,
                             acc.mutable_data_ptr<scalar_t>());
         } else if (identity[sg.k]) {  // rows map to themselves: no gather
           const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
@@ -256,7 +256,7 @@ void fused_backward_blocks(const T* x, int64_t c_in, const T* dy, int64_t c_out,
       if (m == 0) continue;
       // dX rows += dY[out] W[k]^T, then dW[k] += X[in]^T dY[out]: the dY rows are read again while in cache.
       fused_gather_gemm_scatter(dy, c_out, out, in, m, wt + k * c_out * c_in, c_in, dx);
-      fused_weight_grad(x, c_in, dy, c_out, in, out, m, started[k] != 0, acc + k * c_in * c_out);
+      fused_weight_grad(x, c_in, c_in, dy, c_out, c_out, in, out, m, started[k] != 0, acc + k * c_in * c_out);
       started[k] = 1;
     }
   }
