@@ -84,12 +84,16 @@ bool is_identity(const int32_t* gather, const int32_t* scatter, int64_t count, i
 }
 
 // Rows per block of destination rows: a block's rows (with the GEMM buffers) stay in L2 across the offsets,
-// and small inputs still split into a few blocks to run in parallel. Depends on the sizes only, never on the
-// thread count.
+// and small inputs still split into blocks to run in parallel: 16 where they keep at least 512 rows (SubM 3^3
+// 64->64 on 10k voxels, 2 threads: forward 5%, backward 3% faster than 8), else 8 (smaller blocks cost more
+// than the balance gains: a stride-2 layer's 3.5k outputs). Depends on the sizes only, never on the thread
+// count.
 int64_t cache_block_rows(int64_t n_rows, int64_t channels, int64_t elem_size) {
-  constexpr int64_t kBlockBytes = 512 * 1024, kMinBlocks = 8;
+  constexpr int64_t kBlockBytes = 512 * 1024, kMinBlocks = 8, kMinBlocksWide = 16, kWideBlockRows = 512;
   const int64_t fits = kBlockBytes / std::max<int64_t>(channels * elem_size, 1);
-  return std::max<int64_t>(64, std::min(fits, (n_rows + kMinBlocks - 1) / kMinBlocks));
+  const int64_t wide = (n_rows + kMinBlocksWide - 1) / kMinBlocksWide;
+  const int64_t split = wide >= kWideBlockRows ? wide : (n_rows + kMinBlocks - 1) / kMinBlocks;
+  return std::max<int64_t>(64, std::min(fits, split));
 }
 
 // Task order, most pairs first.
