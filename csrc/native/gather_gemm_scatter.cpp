@@ -159,20 +159,15 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
         const int64_t r0 = b * blocks.rows, r1 = std::min(n_dst, r0 + blocks.rows);
         std::fill(y + r0 * c_dst, y + r1 * c_dst, scalar_t(0));
         for (int64_t k = 0; k < kvol; ++k) {
-          if (identity[k]) {  // rows map to themselves: accumulate straight into the block
-            if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
-              if (fused_kernel) {  // the offset's own pair lists are the block's rows in order
-                fused_gather_gemm_scatter(x, c_src, gather + offsets[k] + r0, scatter + offsets[k] + r0, r1 - r0,
-                                          w_rows.const_data_ptr<scalar_t>() + k * c_src * c_dst, c_dst, y);
-                continue;
-              }
-            }
+          if (identity[k] && !fused_kernel) {  // rows map to themselves: accumulate straight into the block
             dst.narrow(0, r0, r1 - r0).addmm_(src.narrow(0, r0, r1 - r0), w[k]);
             continue;
           }
-          const int64_t begin = blocks.begin(b, k), count = blocks.count(b, k);
-          const int32_t* bkey = blocks.key(k) + begin;
-          const int32_t* bother = blocks.other(k) + begin;
+          // An identity offset's own pair lists are the block's rows in order (the fused kernel takes them).
+          const int64_t begin = identity[k] ? offsets[k] + r0 : blocks.begin(b, k);
+          const int64_t count = identity[k] ? r1 - r0 : blocks.count(b, k);
+          const int32_t* bkey = (identity[k] ? scatter : blocks.key(k)) + begin;
+          const int32_t* bother = (identity[k] ? gather : blocks.other(k)) + begin;
           if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
             if (fused_kernel) {
               fused_gather_gemm_scatter(x, c_src, bother, bkey, count,
@@ -221,8 +216,8 @@ void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_
         const KSegment& sg = segs[order[t]];
         at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
         if (fused_kernel) {
-          fused_weight_grad(xp, c_in, c_in, gp, c_out, c_out, pair_in + sg.begin, pair_out + sg.begin, sg.end - sg.begin, false,
-                            acc.mutable_data_ptr<scalar_t>());
+          fused_weight_grad(xp, c_in, c_in, gp, c_out, c_out, pair_in + sg.begin, pair_out + sg.begin,
+                            sg.end - sg.begin, false, acc.mutable_data_ptr<scalar_t>());
         } else if (identity[sg.k]) {  // rows map to themselves: no gather
           const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
           at::mm_out(acc, x.narrow(0, r0, n).t(), dy.narrow(0, r0, n));
@@ -276,7 +271,8 @@ void fused_backward_blocks(const T* x, int64_t c_in, const T* dy, int64_t c_out,
 // rows straight into the multiply; otherwise the vendor GEMM runs on gathered chunks.
 void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
                             const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
-                            const std::vector<char>& identity, int64_t n_groups, at::Tensor& dx, at::Tensor& dw) {
+                            const std::vector<char>& identity, int64_t n_groups, bool fused_kernels, at::Tensor& dx,
+                            at::Tensor& dw) {
   const int64_t kvol = weights.size(0), c_in = x.size(1), c_out = dy.size(1), n_in = x.size(0);
   const int64_t rows = chunk_rows(std::max(c_in, c_out));
   std::vector<at::Tensor> wt(kvol);
@@ -300,9 +296,6 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
   const std::vector<int64_t> order = longest_first(work);
   // Group 0 sums straight into dw, the others into partials.
   at::Tensor part = at::empty({n_groups - 1, kvol, c_in, c_out}, x.options());
-  const bool fused_kernels = fused_cpu_gemm_enabled() &&
-                             fused_weight_grad_ok_for(x.scalar_type(), c_in, c_out) &&
-                             fused_gemm_ok_for(x.scalar_type(), c_out, c_in);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "gather_gemm_scatter_backward", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
@@ -395,12 +388,14 @@ void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights
   // (SubM 3^3 N=10k, Zen 5 AVX-512: 64 channels 3%, 128 6% against the fused row blocks); larger inputs keep
   // the row blocks' locality (N=40k, 64 channels: 9%; N=100k: 26%).
   constexpr int64_t kFusedBackwardBytes = int64_t{16} << 20;
-  const bool fused_separate = fused_cpu_gemm_enabled() &&
-                              fused_weight_grad_ok_for(x.scalar_type(), x.size(1), dy.size(1)) &&
-                              fused_gemm_ok_for(x.scalar_type(), dy.size(1), x.size(1)) &&
-                              (x.numel() + dy.numel()) * x.element_size() <= kFusedBackwardBytes;
+  // Both products have a fused kernel (dX is the forward of dY with W^T, so its channels swap).
+  const bool fused_kernels = fused_cpu_gemm_enabled() &&
+                             fused_weight_grad_ok_for(x.scalar_type(), x.size(1), dy.size(1)) &&
+                             fused_gemm_ok_for(x.scalar_type(), dy.size(1), x.size(1));
+  const bool fused_separate =
+      fused_kernels && (x.numel() + dy.numel()) * x.element_size() <= kFusedBackwardBytes;
   if (!fused_separate && groups >= kMinGroups && pairs >= kPairsPerPartialEntry * kvol * groups) {
-    backward_by_row_blocks(x, weights, dy, pair_in, pair_out, offsets, identity, groups, dx, dw);
+    backward_by_row_blocks(x, weights, dy, pair_in, pair_out, offsets, identity, groups, fused_kernels, dx, dw);
     return;
   }
   // dX is the forward of dY with W^T over the reversed pairs (blocked by input rows); dW goes split-K over

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -789,42 +790,17 @@ void gather(const T* src, int64_t c, const int32_t* idx, int64_t m, T* buf) {
   for (int64_t r = 0; r < m; ++r) std::copy(src + int64_t{idx[r]} * c, src + int64_t{idx[r]} * c + c, buf + r * c);
 }
 
-// dw [kvol, G, cig, cog] = per offset and group, sum over the offset's pairs of x[in]_g^T dy[out]_g. FP32/FP64
-// with a fused dW kernel for a group's channels (AVX-512: cog a multiple of the vector; AVX2: float, cog a
-// multiple of 8 up to 64): each group's slice of the pairs' rows straight into the multiply, no gather buffers
-// (g=4, 128 channels, real scan: the gathers and vendor GEMMs had taken half the backward). Otherwise gathered
-// chunks through the vendor GEMM.
-template <typename T>
-bool fused_group_weight_grad(const at::Tensor& x, const at::Tensor& dy, const PairsByOffset& p, at::Tensor& dw) {
-  const int64_t kvol = dw.size(0), G = dw.size(1), cig = dw.size(2), cog = dw.size(3);
-  const int64_t cin = x.size(1), cout = dy.size(1);
-  if (!fused_weight_grad_ok<T>(cig, cog)) return false;
-  const SplitK plan = plan_split_k(p.start.data(), kvol, cin, cout, x.element_size(), dw);
-  at::Tensor part = at::empty({plan.n_partials, G, cig, cog}, x.options());
-  PartialsCountdown sums(plan, kvol);
-  const T* xp = x.const_data_ptr<T>();
-  const T* gp = dy.const_data_ptr<T>();
-  run_tasks(static_cast<int64_t>(plan.segs.size()), [&] {
-    return [&](int64_t t) {
-      const KSegment& sg = plan.segs[t];
-      T* acc = (sg.slot < 0 ? dw[sg.k] : part[sg.slot]).mutable_data_ptr<T>();
-      // Chunks of pairs, every group in turn: the chunk's rows stay in L2 for the groups after the first (g=4,
-      // 128 channels: 10% faster than each group over the whole segment).
-      for (int64_t c0 = sg.begin; c0 < sg.end; c0 += kWeightGradChunk)
-        for (int64_t g = 0; g < G; ++g)
-          fused_weight_grad(xp + g * cig, cin, cig, gp + g * cog, cout, cog, p.in.data() + c0, p.out.data() + c0,
-                            std::min(kWeightGradChunk, sg.end - c0), c0 > sg.begin, acc + g * cig * cog);
-      sums.segment_done(sg, part.const_data_ptr<T>(), dw.mutable_data_ptr<T>(), G * cig * cog);
-    };
-  });
-  return true;
-}
-
+// dw [kvol, G, cig, cog] = per offset and group, sum over the offset's pairs of x[in]_g^T dy[out]_g, split-K over
+// the pairs (split_k.h). FP32/FP64 with a fused dW kernel for a group's channels (AVX-512: cog a multiple of the
+// vector; AVX2: float, cog a multiple of 8 up to 64): each group's slice of the pairs' rows straight into the
+// multiply, no gather buffers (g=4, 128 channels, real scan: the gathers and vendor GEMMs had taken half the
+// backward). Otherwise gathered chunks through the vendor GEMM.
 void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOffset& p, at::Tensor& dw) {
-  if (x.scalar_type() == at::kFloat && fused_group_weight_grad<float>(x, dy, p, dw)) return;
-  if (x.scalar_type() == at::kDouble && fused_group_weight_grad<double>(x, dy, p, dw)) return;
   const int64_t kvol = dw.size(0), G = dw.size(1), cig = dw.size(2), cog = dw.size(3);
   const int64_t cin = x.size(1), cout = dy.size(1);
+  const bool fused = x.scalar_type() == at::kFloat    ? fused_weight_grad_ok<float>(cig, cog)
+                     : x.scalar_type() == at::kDouble ? fused_weight_grad_ok<double>(cig, cog)
+                                                      : false;
   const SplitK plan = plan_split_k(p.start.data(), kvol, cin, cout, x.element_size(), dw);
   const std::vector<KSegment>& segs = plan.segs;
   const int64_t rows = plan.rows;
@@ -833,6 +809,25 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "grouped_weight_grad", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* gp = dy.const_data_ptr<scalar_t>();
+    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
+      if (fused) {
+        run_tasks(static_cast<int64_t>(segs.size()), [&] {
+          return [&](int64_t t) {
+            const KSegment& sg = segs[t];
+            scalar_t* acc = (sg.slot < 0 ? dw[sg.k] : part[sg.slot]).mutable_data_ptr<scalar_t>();
+            // Chunks of pairs, every group in turn: the chunk's rows stay in L2 for the groups after the first
+            // (g=4, 128 channels: 10% faster than each group over the whole segment).
+            for (int64_t c0 = sg.begin; c0 < sg.end; c0 += kWeightGradChunk)
+              for (int64_t g = 0; g < G; ++g)
+                fused_weight_grad(xp + g * cig, cin, cig, gp + g * cog, cout, cog, p.in.data() + c0,
+                                  p.out.data() + c0, std::min(kWeightGradChunk, sg.end - c0), c0 > sg.begin,
+                                  acc + g * cig * cog);
+            sums.segment_done(sg, part.const_data_ptr<scalar_t>(), dw.mutable_data_ptr<scalar_t>(), G * cig * cog);
+          };
+        });
+        return;
+      }
+    }
     run_tasks<OneThreadGemm>(static_cast<int64_t>(segs.size()), [&] {
       at::Tensor a = at::empty({rows, cin}, x.options()), b = at::empty({rows, cout}, x.options());
       return [&, a, b](int64_t t) {
