@@ -863,38 +863,48 @@ void weight_grad_gemm(const at::Tensor& x, const at::Tensor& dy, const PairsByOf
 // than 128; with the scalar compaction 128 had beaten 64, 256 and 1024).
 constexpr int64_t kBucketBlockRows = 128, kBucketBlockRows512 = 256;
 
-// Pairs [0, m) of one offset and group (m a multiple of R), columns [t0, t0 + 16 * NV):
-// y[dst[p]] += x[src[p]]_g @ w_g, R pairs at a time sharing each filter load (R * NV accumulators). Every
-// element sums its cig products in order, then is added to its row: the tile size does not change the bits.
-template <int NV, int R>
+// Pairs [0, m) of one offset and GB consecutive groups (m a multiple of R), columns [t0, t0 + 16 * NV) of each
+// group (GB > 1: cog == 16 * NV, the groups' filters cig * cog apart): y[dst[p]] += x[src[p]]_g @ w_g, R pairs at
+// a time sharing each filter load (GB * R * NV accumulators). Every element sums its cig products in order, then
+// is added to its row: neither the tile size nor GB changes the bits. Groups of 16 or 32 channels take two groups
+// per tile: they share its row pointers and loop, and a 16-channel group gets more than 4 FMA chains.
+template <int NV, int R, int GB = 1>
 SPCONV_TARGET_AVX512 void bucket_tile512(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog,
                                          const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff,
                                          int64_t yoff, int64_t cout, float* y) {
   for (int64_t p = 0; p < m; p += R) {
-    __m512 acc[R][NV];
+    __m512 acc[GB][R][NV];
     const float* xr[R];
 #pragma GCC unroll 12
-    for (int i = 0; i < R; ++i) {
-      xr[i] = x + int64_t{src[p + i]} * cin + xoff;
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
-    }
-    for (int64_t c = 0; c < cig; ++c) {
-      __m512 wv[NV];
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(wg + c * cog + 16 * v);
+    for (int i = 0; i < R; ++i) xr[i] = x + int64_t{src[p + i]} * cin + xoff;
+#pragma GCC unroll 2
+    for (int b = 0; b < GB; ++b)
 #pragma GCC unroll 12
-      for (int i = 0; i < R; ++i) {
-        const __m512 xb = _mm512_set1_ps(xr[i][c]);
+      for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(xb, wv[v], acc[i][v]);
+        for (int v = 0; v < NV; ++v) acc[b][i][v] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < cig; ++c) {
+#pragma GCC unroll 2
+      for (int b = 0; b < GB; ++b) {
+        __m512 wv[NV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) wv[v] = _mm512_loadu_ps(wg + b * cig * cog + c * cog + 16 * v);
+#pragma GCC unroll 12
+        for (int i = 0; i < R; ++i) {
+          const __m512 xb = _mm512_set1_ps(xr[i][b * cig + c]);
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) acc[b][i][v] = _mm512_fmadd_ps(xb, wv[v], acc[b][i][v]);
+        }
       }
     }
 #pragma GCC unroll 12
     for (int i = 0; i < R; ++i) {
       float* yr = y + int64_t{dst[p + i]} * cout + yoff;
+#pragma GCC unroll 2
+      for (int b = 0; b < GB; ++b)
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(yr + 16 * v, _mm512_add_ps(_mm512_loadu_ps(yr + 16 * v), acc[i][v]));
+        for (int v = 0; v < NV; ++v)
+          _mm512_storeu_ps(yr + b * cog + 16 * v, _mm512_add_ps(_mm512_loadu_ps(yr + b * cog + 16 * v), acc[b][i][v]));
     }
   }
 }
@@ -904,20 +914,26 @@ using BucketTile = void (*)(const float*, int64_t, const float*, int64_t, int64_
 
 // [NV - 1]: R pairs per tile, about 24 accumulators of the 32 registers (NV more hold the filter vectors).
 constexpr int kBucketPairs[] = {4, 8, 8, 6};
+// Two groups per tile (cog of one or two vectors): [NV - 1]: R pairs, 16 or 24 accumulators.
+constexpr int kBucketPairs2[] = {8, 6};
 
-template <int NV, std::size_t... I>
+template <int NV, int GB, std::size_t... I>
 constexpr std::array<BucketTile, sizeof...(I)> bucket_tiles(std::index_sequence<I...>) {
-  return {bucket_tile512<NV, static_cast<int>(I) + 1>...};
+  return {bucket_tile512<NV, static_cast<int>(I) + 1, GB>...};
 }
 // [NV - 1][r - 1]: the tile of r pairs; the whole tiles take kBucketPairs[NV - 1] (bucket_pairs).
-constexpr std::array<BucketTile, 8> kBucketTiles[] = {bucket_tiles<1>(std::make_index_sequence<8>()),
-                                                      bucket_tiles<2>(std::make_index_sequence<8>()),
-                                                      bucket_tiles<3>(std::make_index_sequence<8>()),
-                                                      bucket_tiles<4>(std::make_index_sequence<8>())};
+constexpr std::array<BucketTile, 8> kBucketTiles[] = {bucket_tiles<1, 1>(std::make_index_sequence<8>()),
+                                                      bucket_tiles<2, 1>(std::make_index_sequence<8>()),
+                                                      bucket_tiles<3, 1>(std::make_index_sequence<8>()),
+                                                      bucket_tiles<4, 1>(std::make_index_sequence<8>())};
+// The same with two groups per tile, [NV - 1][r - 1] for NV = 1, 2.
+constexpr std::array<BucketTile, 8> kBucketTiles2[] = {bucket_tiles<1, 2>(std::make_index_sequence<8>()),
+                                                       bucket_tiles<2, 2>(std::make_index_sequence<8>())};
 
-// y[dst[p]] += x[src[p]]_g @ w_g for the pairs [0, m) of one offset and group, every column of the group.
-using GroupPairs = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const int32_t*, const int32_t*,
-                            int64_t, int64_t, int64_t, int64_t, float*);
+// y[dst[p]] += x[src[p]]_g @ w_g for the pairs [0, m) of one offset and `groups` consecutive groups (filters wg,
+// cig * cog apart), every column of each group.
+using GroupPairs = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, const int32_t*,
+                            const int32_t*, int64_t, int64_t, int64_t, int64_t, float*);
 
 // The pairs [0, m) in tiles of r (tiles[r - 1]), the pairs left over in one tile of their exact count (a padded
 // tile computed 11% more products than the real scan has). tiles[i]: the tile of i + 1 pairs.
@@ -929,14 +945,24 @@ void bucket_pairs(const BucketTile* tiles, int64_t r, const float* x, int64_t ci
   if (m > whole) tiles[m - whole - 1](x, cin, wg, cig, cog, src + whole, dst + whole, m - whole, xoff, yoff, cout, y);
 }
 
-// Columns 64 at a time (cog a multiple of 16).
-void group_pairs512(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog, const int32_t* src,
-                    const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout, float* y) {
-  for (int64_t t0 = 0; t0 < cog; t0 += 64) {
-    const int64_t nv = std::min<int64_t>(64, cog - t0) / 16;
-    bucket_pairs(kBucketTiles[nv - 1].data(), kBucketPairs[nv - 1], x, cin, wg + t0, cig, cog, src, dst, m, xoff,
-                 yoff + t0, cout, y);
+// Groups of one or two vectors two at a time; the others (and a last odd group) columns 64 at a time (cog a
+// multiple of 16).
+void group_pairs512(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog, int64_t groups,
+                    const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout,
+                    float* y) {
+  int64_t g = 0;
+  if (cog <= 32) {
+    const int64_t nv = cog / 16;
+    for (; g + 2 <= groups; g += 2)
+      bucket_pairs(kBucketTiles2[nv - 1].data(), kBucketPairs2[nv - 1], x, cin, wg + g * cig * cog, cig, cog, src,
+                   dst, m, xoff + g * cig, yoff + g * cog, cout, y);
   }
+  for (; g < groups; ++g)
+    for (int64_t t0 = 0; t0 < cog; t0 += 64) {
+      const int64_t nv = std::min<int64_t>(64, cog - t0) / 16;
+      bucket_pairs(kBucketTiles[nv - 1].data(), kBucketPairs[nv - 1], x, cin, wg + g * cig * cog + t0, cig, cog,
+                   src, dst, m, xoff + g * cig, yoff + g * cog + t0, cout, y);
+    }
 }
 
 // The AVX2 tile: bucket_tile512 with 8-channel vectors, the same chains (bits).
@@ -981,14 +1007,19 @@ constexpr std::array<BucketTile, sizeof...(I)> bucket_tiles256(std::index_sequen
 constexpr std::array<BucketTile, 12> kBucketTiles256x1 = bucket_tiles256<1>(std::make_index_sequence<12>());
 constexpr std::array<BucketTile, 6> kBucketTiles256x2 = bucket_tiles256<2>(std::make_index_sequence<6>());
 
-// Columns 16 at a time, the last 8 alone (cog a multiple of 8).
-void group_pairs256(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog, const int32_t* src,
-                    const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout, float* y) {
-  int64_t t0 = 0;
-  for (; t0 + 16 <= cog; t0 += 16)
-    bucket_pairs(kBucketTiles256x2.data(), 6, x, cin, wg + t0, cig, cog, src, dst, m, xoff, yoff + t0, cout, y);
-  if (t0 < cog)
-    bucket_pairs(kBucketTiles256x1.data(), 12, x, cin, wg + t0, cig, cog, src, dst, m, xoff, yoff + t0, cout, y);
+// Each group in turn, columns 16 at a time, the last 8 alone (cog a multiple of 8).
+void group_pairs256(const float* x, int64_t cin, const float* wg, int64_t cig, int64_t cog, int64_t groups,
+                    const int32_t* src, const int32_t* dst, int64_t m, int64_t xoff, int64_t yoff, int64_t cout,
+                    float* y) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* w = wg + g * cig * cog;
+    const int64_t xo = xoff + g * cig, yo = yoff + g * cog;
+    int64_t t0 = 0;
+    for (; t0 + 16 <= cog; t0 += 16)
+      bucket_pairs(kBucketTiles256x2.data(), 6, x, cin, w + t0, cig, cog, src, dst, m, xo, yo + t0, cout, y);
+    if (t0 < cog)
+      bucket_pairs(kBucketTiles256x1.data(), 12, x, cin, w + t0, cig, cog, src, dst, m, xo, yo + t0, cout, y);
+  }
 }
 
 // avx512: the AVX-512 tiles, block size and table compaction; else the AVX2 ones.
@@ -1039,9 +1070,8 @@ bool forward_bucketed(bool avx512, const float* x, const float* w, int64_t G, in
       for (int64_t k = 0; k < kvol; ++k) {
         const int64_t m = start[k + 1] - start[k];
         if (m == 0) continue;
-        for (int64_t g = 0; g < G; ++g)
-          pairs(x, cin, w + (k * G + g) * cig * cog, cig, cog, src.data() + start[k], dst.data() + start[k], m,
-                g * cig, g * cog, cout, y);
+        pairs(x, cin, w + k * G * cig * cog, cig, cog, G, src.data() + start[k], dst.data() + start[k], m, 0, 0,
+              cout, y);
       }
     };
   });
