@@ -7,9 +7,9 @@
 #include "row_blocks.h"
 #include "run_tasks.h"
 #include "split_k.h"
+#include "weight_layout.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/ParallelGuard.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -104,6 +104,14 @@ std::vector<int64_t> longest_first(const std::vector<int64_t>& work) {
   return order;
 }
 
+// W[k]^T for every offset: [kvol, c_out, c_in] row-major, from weights [kvol, c_in, c_out].
+at::Tensor transposed_filters(const at::Tensor& weights) {
+  const at::Tensor w = weights.contiguous();
+  at::Tensor t = at::empty({w.size(0), w.size(2), w.size(1)}, w.options());
+  transpose_matrices(w.const_data_ptr(), w.size(0), w.size(1), w.size(2), t.mutable_data_ptr(), w.element_size());
+  return t;
+}
+
 // Which offsets are identities (the centre of a submanifold kernel).
 std::vector<char> identity_offsets(const int32_t* gather, const int32_t* scatter, const int64_t* offsets,
                                    int64_t kvol, int64_t n_src, int64_t n_dst) {
@@ -139,12 +147,8 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   // FP32 on AVX-512 / AVX2, FP64 on AVX-512: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0:
   // the vendor GEMM).
   const bool fused_kernel = fused_cpu_gemm_enabled() && fused_gemm_ok_for(src.scalar_type(), c_src, c_dst);
-  // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput (on
-  // this thread: ATen's parallel copy would be a parallel region of its own for a few hundred kilobytes).
-  const at::Tensor w_rows = fused_kernel ? [&] {
-    c10::ParallelGuard this_thread(true);
-    return (transpose_w ? weights.transpose(1, 2) : weights).contiguous();
-  }() : at::Tensor();
+  // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput.
+  const at::Tensor w_rows = !fused_kernel ? at::Tensor() : transpose_w ? transposed_filters(weights) : weights.contiguous();
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "gather_gemm_scatter", [&] {
     const scalar_t* x = src.const_data_ptr<scalar_t>();
     scalar_t* y = dst.mutable_data_ptr<scalar_t>();
@@ -302,11 +306,8 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
     scalar_t* dxp = dx.mutable_data_ptr<scalar_t>();
     if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
       if (fused_kernels) {
-        // W[k]^T as [c_out, c_in] row-major for the dX kernel (on this thread: a few hundred kilobytes).
-        const at::Tensor wt_rows = [&] {
-          c10::ParallelGuard this_thread(true);
-          return weights.transpose(1, 2).contiguous();
-        }();
+        // W[k]^T as [c_out, c_in] row-major for the dX kernel.
+        const at::Tensor wt_rows = transposed_filters(weights);
         const scalar_t* wtp = wt_rows.const_data_ptr<scalar_t>();
         run_tasks(n_groups, [&] {
           return [&](int64_t t) {

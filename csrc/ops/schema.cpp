@@ -42,6 +42,11 @@ SPCONV_SCHEMA(m) {
       "-> (Tensor out_indices, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, Tensor map_info, Tensor table)");
 
   // ---- native route: gather -> GEMM -> scatter; filters [kvol, Cin, Cout] ----
+  // The filters of a weight: spconv's [Cout, *kernel_size, Cin/groups] -> [kvol, groups, Cin/groups,
+  // Cout/groups] (one [cig, cog] matrix per offset and group; groups = 1 is [kvol, Cin, Cout]), and the inverse
+  // (the filter gradient back in the weight's layout). CPU only: elsewhere the Python wrapper permutes.
+  m.def("weight_to_filters(Tensor weight, int groups) -> Tensor");
+  m.def("filters_to_weight(Tensor filters, int[] kernel_size) -> Tensor");
   m.def(
       "indice_conv(Tensor features, Tensor filters, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, "
       "SymInt num_out, Tensor? map_info=None) -> Tensor");

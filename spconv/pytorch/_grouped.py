@@ -22,7 +22,7 @@ import functools
 import torch
 
 from spconv import _backend, constants
-from spconv.pytorch import _fused, pair_rounds
+from spconv.pytorch import _fused, ops, pair_rounds
 from spconv.pytorch.core import identity_map, map_info_input, map_info_of
 
 
@@ -38,8 +38,7 @@ def check_groups(in_channels: int, out_channels: int, groups) -> int:
 
 def weight_to_grouped_filters(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """Weight ``[Cout, *kernel, Cin/groups]`` -> filters ``[kvol, groups, Cin/groups, Cout/groups]``."""
-    cout, cig = weight.shape[0], weight.shape[-1]
-    return weight.reshape(groups, cout // groups, -1, cig).permute(2, 0, 3, 1).contiguous()
+    return ops.weight_to_filters(weight, groups)
 
 
 # ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----

@@ -9,7 +9,7 @@ from spconv.pytorch.core import PairMaps, identity_map
 def weight_to_filters(weight: torch.Tensor) -> torch.Tensor:
     """spconv 2.x weight ``[Cout, *kernel, Cin]`` -> per-offset GEMM operands ``[kvol, Cin, Cout]``."""
     cout, cin = weight.shape[0], weight.shape[-1]
-    return weight.reshape(cout, -1, cin).permute(1, 2, 0).contiguous()
+    return ops.weight_to_filters(weight).view(-1, cin, cout)
 
 
 def conv_features(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:

@@ -110,6 +110,51 @@ def indice_conv_native(features: torch.Tensor, filters: torch.Tensor, maps: Pair
                             maps.map_info)
 
 
+# ---- weight layout: spconv's weight [Cout, *kernel, Cin/groups] <-> filters [kvol, groups, Cin/groups, Cout/groups] ----
+
+@_backend.register_fake("weight_to_filters")
+def _weight_to_filters_fake(weight, groups):
+    kvol = 1
+    for k in weight.shape[1:-1]:
+        kvol *= k
+    return weight.new_empty((kvol, groups, weight.shape[-1], weight.shape[0] // groups))
+
+
+@_backend.register_fake("filters_to_weight")
+def _filters_to_weight_fake(filters, kernel_size):
+    groups, cig, cog = filters.shape[1:]
+    return filters.new_empty((groups * cog, *kernel_size, cig))
+
+
+def _weight_to_filters_setup_context(ctx, inputs, output):
+    ctx.kernel_size = list(inputs[0].shape[1:-1])
+
+
+def _filters_to_weight_setup_context(ctx, inputs, output):
+    ctx.groups = inputs[0].shape[1]
+
+
+# Each op's gradient is the other op (the two layouts hold the same elements).
+torch.library.register_autograd(
+    "spconv::weight_to_filters",
+    lambda ctx, grad: (torch.ops.spconv.filters_to_weight(grad.contiguous(), ctx.kernel_size), None),
+    setup_context=_weight_to_filters_setup_context)
+torch.library.register_autograd(
+    "spconv::filters_to_weight",
+    lambda ctx, grad: (torch.ops.spconv.weight_to_filters(grad.contiguous(), ctx.groups), None),
+    setup_context=_filters_to_weight_setup_context)
+
+
+def weight_to_filters(weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """Filters ``[kvol, groups, Cin/groups, Cout/groups]`` of a weight ``[Cout, *kernel, Cin/groups]``;
+    differentiable. On the CPU a native tiled transpose (the op of the same name; it runs on every conv call,
+    and torch's strided copy of this permutation is several times slower); elsewhere a permute."""
+    if weight.device.type == "cpu":
+        return torch.ops.spconv.weight_to_filters(weight, groups)
+    cout, cig = weight.shape[0], weight.shape[-1]
+    return weight.reshape(groups, cout // groups, -1, cig).permute(2, 0, 3, 1).contiguous()
+
+
 # ---- pooling (native route): wrappers, fake kernels, autograd ----
 
 @_backend.register_fake("indice_maxpool")
