@@ -24,13 +24,15 @@ inline __attribute__((always_inline)) void max_into(T* acc, const T* src, int64_
   }
 }
 
-// Rows [o0, o1) of the max pool, each over its pairs in offset order.
+// Rows [o0, o1) of the max pool, each from zero (spconv's max(0, window max)) over its pairs in offset order.
 template <typename T>
 inline __attribute__((always_inline)) void maxpool_rows(const T* x, int64_t c, const PairsByRow& g, int64_t o0,
                                                         int64_t o1, T* out) {
-  for (int64_t o = o0; o < o1; ++o)
+  for (int64_t o = o0; o < o1; ++o) {
+    std::fill(out + o * c, out + (o + 1) * c, T(0));
     for (int64_t j = g.start[o]; j < g.start[o + 1]; ++j)
       max_into(out + o * c, x + static_cast<int64_t>(g.other[j]) * c, c);
+  }
 }
 
 template <typename T>
@@ -179,6 +181,7 @@ void avgpool_forward(const T* x, int64_t channels, int64_t num_out, const int32_
   at::parallel_for(0, num_out, row_grain(channels), [&](int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; ++o) {
       T* dst = out + o * channels;
+      std::fill(dst, dst + channels, T(0));
       for (int64_t j = g.start[o]; j < g.start[o + 1]; ++j) {
         const T* src = x + static_cast<int64_t>(g.other[j]) * channels;
         for (int64_t c = 0; c < channels; ++c) dst[c] += src[c];

@@ -8,8 +8,8 @@
 namespace spconv {
 namespace native {
 
-// out [num_out, C] must be zero on entry: spconv's max pool starts every output at 0, so the
-// result is max(0, max over the window's active inputs).
+// out [num_out, C] is overwritten: spconv's max pool starts every output at 0, so the result is
+// max(0, max over the window's active inputs).
 template <typename T>
 void maxpool_forward(const T* x, int64_t channels, int64_t num_out, const int32_t* pair_in,
                      const int32_t* pair_out, const int64_t* offsets, int64_t kvol, T* out);
@@ -22,8 +22,8 @@ void maxpool_backward(const T* x, const T* out, const T* dout, int64_t channels,
                       const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets, int64_t kvol,
                       T* din);
 
-// Mean over the active inputs of each window. out zero on entry; count [num_out] gets the number of
-// active inputs per output.
+// Mean over the active inputs of each window (0 where none). out is overwritten; count [num_out] gets the
+// number of active inputs per output.
 template <typename T>
 void avgpool_forward(const T* x, int64_t channels, int64_t num_out, const int32_t* pair_in,
                      const int32_t* pair_out, const int64_t* offsets, int64_t kvol, T* out, int32_t* count);
