@@ -148,7 +148,8 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   // the vendor GEMM).
   const bool fused_kernel = fused_cpu_gemm_enabled() && fused_gemm_ok_for(src.scalar_type(), c_src, c_dst);
   // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput.
-  const at::Tensor w_rows = !fused_kernel ? at::Tensor() : transpose_w ? transposed_filters(weights) : weights.contiguous();
+  const at::Tensor w_rows =
+      !fused_kernel ? at::Tensor() : transpose_w ? transposed_filters(weights) : weights.contiguous();
   AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "gather_gemm_scatter", [&] {
     const scalar_t* x = src.const_data_ptr<scalar_t>();
     scalar_t* y = dst.mutable_data_ptr<scalar_t>();

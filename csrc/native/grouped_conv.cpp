@@ -903,8 +903,10 @@ SPCONV_TARGET_AVX512 void bucket_tile512(const float* x, int64_t cin, const floa
 #pragma GCC unroll 2
       for (int b = 0; b < GB; ++b)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v)
-          _mm512_storeu_ps(yr + b * cog + 16 * v, _mm512_add_ps(_mm512_loadu_ps(yr + b * cog + 16 * v), acc[b][i][v]));
+        for (int v = 0; v < NV; ++v) {
+          float* e = yr + b * cog + 16 * v;
+          _mm512_storeu_ps(e, _mm512_add_ps(_mm512_loadu_ps(e), acc[b][i][v]));
+        }
     }
   }
 }

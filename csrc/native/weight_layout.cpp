@@ -43,8 +43,8 @@ void run(const Plan& p, const void* src, void* dst) {
   E* d = static_cast<E*>(dst);
   // A task takes kTile rows of one inner batch through every outer matrix: in a weight those rows run on in
   // memory from one offset to the next, so the task reads them front to back (sixteen streams the prefetcher
-  // follows). Matrix by matrix, a weight's rows were read in short bursts kvol * cig elements apart: cold
-  // weights moved at under 2 GB/s.
+  // follows). Matrix by matrix, each row would be read in short bursts kvol * cig elements apart, which it
+  // doesn't follow: cold weights moved at under 2 GB/s that way.
   const int64_t row_blocks = (p.rows + kTile - 1) / kTile;
   const int64_t task_bytes = std::max<int64_t>(kTile * p.cols * p.outer * static_cast<int64_t>(sizeof(E)), 1);
   at::parallel_for(0, p.inner * row_blocks, std::max<int64_t>(1, kTaskBytes / task_bytes), [&](int64_t t0, int64_t t1) {

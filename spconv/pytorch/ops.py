@@ -110,7 +110,7 @@ def indice_conv_native(features: torch.Tensor, filters: torch.Tensor, maps: Pair
                             maps.map_info)
 
 
-# ---- weight layout: spconv's weight [Cout, *kernel, Cin/groups] <-> filters [kvol, groups, Cin/groups, Cout/groups] ----
+# ---- weight layout: weight [Cout, *kernel, Cin/groups] <-> filters [kvol, groups, Cin/groups, Cout/groups] ----
 
 @_backend.register_fake("weight_to_filters")
 def _weight_to_filters_fake(weight, groups):
@@ -147,8 +147,9 @@ torch.library.register_autograd(
 
 def weight_to_filters(weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """Filters ``[kvol, groups, Cin/groups, Cout/groups]`` of a weight ``[Cout, *kernel, Cin/groups]``;
-    differentiable. On the CPU a native tiled transpose (the op of the same name; it runs on every conv call,
-    and torch's strided copy of this permutation is several times slower); elsewhere a permute."""
+    differentiable. On the CPU a native tiled transpose (the op of the same name: it runs on every conv call, and
+    torch's strided copy of this permutation took twice its time on a 256 -> 256 3x3x3 weight); elsewhere a
+    permute."""
     if weight.device.type == "cpu":
         return torch.ops.spconv.weight_to_filters(weight, groups)
     cout, cig = weight.shape[0], weight.shape[-1]
