@@ -37,10 +37,11 @@ def bitwise_inductor() -> Iterator[None]:
     (without that decomposition it calls ATen's kernel) and the pattern passes (``mm + bias`` becomes ``addmm``,
     which accumulates the bias inside the GEMM: the 1x1 convs). Not thread-safe: it edits Inductor's
     decomposition table and config for the duration."""
-    from torch._inductor.decomposition import decompositions
+    from torch._inductor import decomposition
     from torch._inductor.lowering import lowerings, make_fallback
     op = torch.ops.aten._native_batch_norm_legit_no_training.default
-    saved = decompositions.pop(op, None)
+    saved = decomposition.decompositions.pop(op, None)
+    _forget_table_copies(decomposition)
     if op not in lowerings:
         # Register ATen's kernel as the lowering up front: Inductor's implicit fallback would refuse an op that
         # has a decomposition whenever the environment variable CI is set.
@@ -50,7 +51,18 @@ def bitwise_inductor() -> Iterator[None]:
             yield
     finally:
         if saved is not None:
-            decompositions[op] = saved
+            decomposition.decompositions[op] = saved
+        _forget_table_copies(decomposition)
+
+
+def _forget_table_copies(decomposition) -> None:
+    """Inductor compiles with a copy of its decomposition table (``fast_random_decomps``, cached at the first
+    compile of the process): dropped whenever the table changes, else an edit made after any earlier compile
+    would not reach the next one (a model compiled before entering ``bitwise_inductor`` left batch norm
+    decomposed inside it, an ulp away from eager)."""
+    copy = getattr(decomposition, "fast_random_decomps", None)
+    if copy is not None and hasattr(copy, "cache_clear"):
+        copy.cache_clear()
 
 
 def aoti_compile_and_package(ep: torch.export.ExportedProgram, package_path: str, bitwise: bool = True,

@@ -104,3 +104,18 @@ def test_fullgraph_inductor_matches_eager_bitwise_inside_bitwise_inductor():
             feats, idx = every_layer_inputs(seed, density)
             out, ref = compiled(feats, idx), model(feats, idx)
             assert all(torch.equal(a, b) for a, b in zip(out, ref)), (seed, density)
+
+
+def test_bitwise_inductor_reaches_a_table_copied_by_an_earlier_compile():
+    """Inductor compiles with a cached copy of its decomposition table (made by the process's first compile):
+    bitwise_inductor's edit must reach the next compile even after that copy exists, and be undone on exit.
+    Checked on the table itself, so it runs without compiling C++."""
+    from spconv import deploy
+    from torch._inductor.decomposition import decompositions, select_decomp_table
+    op = torch.ops.aten._native_batch_norm_legit_no_training.default
+    if op not in decompositions:
+        pytest.skip("this torch has no Inductor decomposition of eval-mode batch norm")
+    assert op in select_decomp_table()  # the copy an earlier compile makes
+    with deploy.bitwise_inductor():
+        assert op not in select_decomp_table()
+    assert op in select_decomp_table()
