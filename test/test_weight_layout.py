@@ -58,6 +58,10 @@ def test_non_contiguous_weight():
 
 def test_wrappers_use_the_op_on_the_cpu():
     w = _weight(24, [3, 3, 3], 8)
+    with torch.profiler.profile() as prof:
+        weight_to_filters(w)
+        _grouped.weight_to_grouped_filters(w, 3)
+    assert sum(e.name == "spconv::weight_to_filters" for e in prof.events()) == 2
     assert torch.equal(weight_to_filters(_weight(24, [3, 3, 3], 24)), _permuted(_weight(24, [3, 3, 3], 24), 1)[:, 0])
     assert torch.equal(_grouped.weight_to_grouped_filters(w, 3), _permuted(w, 3))
     assert torch.equal(ops.weight_to_filters(w, 3), _permuted(w, 3))

@@ -21,8 +21,8 @@ struct Plan {
 
 // Tiles of 16 x 16 elements: the tile's 16 source rows stay in L1 while it is written column by column.
 constexpr int64_t kTile = 16;
-// A parallel task takes matrices of at least this many bytes in all: smaller work stays on the calling thread
-// (a parallel region costs more than it saves, and stalls when other processes hold the cores).
+// A parallel task moves at least this many bytes: smaller work stays on the calling thread (a parallel region
+// costs more than it saves, and stalls when other processes hold the cores).
 constexpr int64_t kTaskBytes = 512 * 1024;
 
 template <typename E>

@@ -3,7 +3,7 @@
 // the dinput pass takes each matrix transposed. These are tiled transposes over raw memory, run on every conv call
 // (torch's strided copy of the same permutation: 1.1 ms for a 256 -> 256 3x3x3 weight at 2 threads, these 0.6).
 // Elements are `elem_size` bytes (1, 2, 4 or 8): the bits are copied, so any dtype of that size works. Work of
-// at least ~512 KB runs in parallel, split by matrices; the result does not depend on the thread count.
+// at least ~512 KB runs in parallel, split by blocks of rows; the result does not depend on the thread count.
 #pragma once
 #include <cstdint>
 
