@@ -58,7 +58,8 @@ def test_bitwise_across_runs_and_threads(case):
     torch.manual_seed(0)
     net = _net(p["c_in"], p["c"]).to(p["dtype"])
     ref = _run(net, x, 1)
-    for threads in (2, 1):
+    # 3 and 8 threads (more than the cores) split rows and map passes into more tasks than 2 do.
+    for threads in (2, 1, 3, 8):
         got = _run(net, x, threads)
         for i, (a, b) in enumerate(zip(ref, got)):
             assert torch.equal(a, b), f"tensor {i} differs with {threads} threads"

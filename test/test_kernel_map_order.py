@@ -115,3 +115,42 @@ def test_subm_reports_first_repeating_row():
     ind[150] = ind[250]
     with pytest.raises(ValueError, match="row 200 repeats"):
         torch.ops.spconv.get_indice_pairs(ind, 1, [10] * 3, [10] * 3, [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False)
+
+
+# Maps large enough for every parallel pass of the builders: SubM and candidate passes over many row blocks,
+# the radix sort's parallel passes, several chunks of the output numbering, the parallel table fill.
+LARGE = [
+    ([3, 3, 3], [1, 1, 1], [1, 1, 1], True, False),
+    ([2, 2, 2], [2, 2, 2], [0, 0, 0], False, False),
+    ([3, 3, 3], [2, 2, 2], [1, 1, 1], False, False),
+    ([3, 3, 3], [2, 2, 2], [1, 1, 1], False, True),
+]
+
+
+@pytest.fixture(scope="module")
+def large_sites():
+    return random_sites(150_000, [96, 96, 48], 2, 7)
+
+
+@pytest.mark.parametrize("case", range(len(LARGE)))
+def test_large_kernel_maps_same_for_any_thread_count(case, large_sites):
+    ksize, stride, padding, subm, transpose = LARGE[case]
+    shape = [96, 96, 48]
+    osh = out_shape_of(shape, ksize, stride, padding, [1, 1, 1], subm, transpose)
+    args = (large_sites, 2, shape, osh, ksize, stride, padding, [1, 1, 1], subm, transpose)
+    prev = torch.get_num_threads()
+    try:
+        maps = {}
+        for threads in (1, 2, 3, 8):  # more threads than cores split the work finer still
+            torch.set_num_threads(threads)
+            maps[threads] = torch.ops.spconv.get_indice_pairs(*args)
+    finally:
+        torch.set_num_threads(prev)
+    assert maps[1][1].numel() > 3 * 4096 * 8  # the passes above their serial thresholds
+    for threads, got in maps.items():
+        for g, w in zip(got, maps[1]):
+            assert torch.equal(g, w), f"{threads} threads"
+    if case == 1:  # the pooling map, against the direct construction (a few seconds of Python)
+        want = reference_map(large_sites, shape, osh, ksize, stride, padding, [1, 1, 1], subm, transpose)
+        for g, w in zip(maps[2], want):
+            assert torch.equal(g, w)

@@ -84,17 +84,23 @@ bool is_identity(const int32_t* gather, const int32_t* scatter, int64_t count, i
 }
 
 // Rows per block of destination rows: a block's rows (with the GEMM buffers) stay in L2 across the offsets,
-// and small inputs still split into blocks to run in parallel: 16 where they keep at least 512 rows (SubM 3^3
-// 64->64 on 10k voxels, 2 threads: forward 5%, backward 3% faster than 8), else 8 (smaller blocks cost more
-// than the balance gains: a stride-2 layer's 3.5k outputs). Depends on the sizes only, never on the thread
-// count.
-int64_t cache_block_rows(int64_t n_rows, int64_t channels, int64_t elem_size) {
+// and inputs split into blocks to run in parallel: at least min_blocks, and at least 16 where they keep 512 rows
+// (SubM 3^3 64->64 on 10k voxels, 2 threads: forward 5%, backward 3% faster than 8), else 8 (smaller blocks
+// cost more than the balance gains: a stride-2 layer's 3.5k outputs).
+int64_t cache_block_rows(int64_t n_rows, int64_t channels, int64_t elem_size, int64_t min_blocks = 0) {
   constexpr int64_t kBlockBytes = 512 * 1024, kMinBlocks = 8, kMinBlocksWide = 16, kWideBlockRows = 512;
+  const int64_t many = std::max(kMinBlocksWide, min_blocks), few = std::max(kMinBlocks, min_blocks);
   const int64_t fits = kBlockBytes / std::max<int64_t>(channels * elem_size, 1);
-  const int64_t wide = (n_rows + kMinBlocksWide - 1) / kMinBlocksWide;
-  const int64_t split = wide >= kWideBlockRows ? wide : (n_rows + kMinBlocks - 1) / kMinBlocks;
+  const int64_t wide = (n_rows + many - 1) / many;
+  const int64_t split = wide >= kWideBlockRows ? wide : (n_rows + few - 1) / few;
   return std::max<int64_t>(64, std::min(fits, split));
 }
+
+// Blocks of the forward pass: at least 4 per thread, so that its dynamic schedule's last task is a small part of
+// a thread's share on any core count. The blocks never change the forward's bits: a row is summed by one task,
+// offset by offset, its pairs of an offset in their order whichever block holds them. (The backward's blocks
+// also group the filter gradient's partial sums: they depend on the sizes only.)
+int64_t forward_min_blocks() { return 4 * static_cast<int64_t>(at::get_num_threads()); }
 
 // Task order, most pairs first.
 std::vector<int64_t> longest_first(const std::vector<int64_t>& work) {
@@ -139,7 +145,7 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   std::vector<at::Tensor> w(kvol);
   for (int64_t k = 0; k < kvol; ++k) w[k] = transpose_w ? weights[k].t() : weights[k];
   const RowBlocks blocks = bucket_by_row_block(scatter, gather, offsets, kvol, identity, n_dst,
-                                               cache_block_rows(n_dst, c_dst, src.element_size()));
+                                               cache_block_rows(n_dst, c_dst, src.element_size(), forward_min_blocks()));
   // Pair density varies a lot across a scan's rows: hand the blocks out by their pair counts.
   std::vector<int64_t> work(blocks.n_blocks);
   for (int64_t b = 0; b < blocks.n_blocks; ++b) work[b] = blocks.pairs(b);

@@ -18,11 +18,17 @@ constexpr int64_t kRowBlock = 4096;
 
 int64_t num_blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
 
-// Blocks per thread before a pass takes a second one (the grain of its parallel_for). Measured on the
-// 10k-voxel rows of the benchmark: one and two threads build a map in the same time, while each parallel region
-// costs a scheduler slice whenever a worker waits behind other processes (a busy machine took 4.6x as long on
-// two threads, 1.2x on one).
-constexpr int64_t kMinBlocksPerThread = 4;
+// Blocks below which a pass runs on the calling thread. Measured on the 10k-voxel rows of the benchmark: one and
+// two threads build a map in the same time, while each parallel region costs a scheduler slice whenever a worker
+// waits behind other processes (a busy machine took 4.6x as long on two threads, 1.2x on one).
+constexpr int64_t kMinParallelBlocks = 4;
+
+// f(b0, b1) over the row blocks [0, nb): above kMinParallelBlocks one block per task, so that up to one thread
+// per block takes part (a 125k-row map has 31 blocks).
+template <typename F>
+void for_blocks(int64_t nb, const F& f) {
+  at::parallel_for(0, nb, nb < kMinParallelBlocks ? nb : 1, f);
+}
 
 // Packed keys of the rows, in row order.
 std::vector<int64_t> row_keys(const int32_t* indices, int64_t n, const ConvGeometry& g) {
@@ -214,7 +220,7 @@ int64_t build_subm_map(const int32_t* indices, int64_t n, const ConvGeometry& g,
   map.num_out = n;
   map.table.reset(new int32_t[static_cast<size_t>(n * g.kvol)]);
   int32_t* out = map.table.get();
-  at::parallel_for(0, num_blocks(n), kMinBlocksPerThread, [&](int64_t b0, int64_t b1) {
+  for_blocks(num_blocks(n), [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       match_subm_block(indices, g, s, n, o, b * kRowBlock, std::min(n, (b + 1) * kRowBlock), out);
   });
@@ -356,7 +362,7 @@ Candidates list_candidates(const int32_t* indices, const ConvGeometry& g, bool t
                            int64_t n) {
   const int64_t nb = num_blocks(n);
   std::vector<Candidates> per_block(static_cast<size_t>(nb));
-  at::parallel_for(0, nb, kMinBlocksPerThread, [&](int64_t b0, int64_t b1) {
+  for_blocks(nb, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       block_candidates(indices, g, transpose, s, b * kRowBlock, std::min(n, (b + 1) * kRowBlock), per_block[b]);
   });
@@ -368,8 +374,7 @@ Candidates list_candidates(const int32_t* indices, const ConvGeometry& g, bool t
   Candidates cand;
   cand.key.resize(static_cast<size_t>(start[nb]));
   cand.slot.resize(static_cast<size_t>(start[nb]));
-  // Copies of fewer than 64 blocks stay on one thread: a parallel region would cost more than they take.
-  at::parallel_for(0, nb, 64, [&](int64_t b0, int64_t b1) {
+  for_blocks(nb, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       std::copy(per_block[b].key.begin(), per_block[b].key.end(), cand.key.begin() + start[b]);
       std::copy(per_block[b].slot.begin(), per_block[b].slot.end(), cand.slot.begin() + start[b]);
@@ -378,6 +383,10 @@ Candidates list_candidates(const int32_t* indices, const ConvGeometry& g, bool t
   return cand;
 }
 
+// Candidates per task of the numbering passes (below it they run on the calling thread). Every pass writes
+// what it would write serially, so the task split never changes the result.
+constexpr int64_t kNumberGrain = 1 << 16;
+
 // Output ids in first-seen order: the output of candidate group G gets the number of groups whose first
 // candidate comes before G's. Writes each candidate's id into the table and each output's key.
 void number_outputs(const Candidates& cand, int32_t* table, std::vector<int64_t>& out_keys) {
@@ -385,23 +394,45 @@ void number_outputs(const Candidates& cand, int32_t* table, std::vector<int64_t>
   std::vector<int64_t> sk;
   std::vector<int32_t> sj;
   sort_key_index(cand.key.data(), m, sk, sj);  // candidates of one output together, ascending j
+  auto is_first = [&](int64_t s) { return s == 0 || sk[s] != sk[s - 1]; };
   std::vector<int32_t> id(static_cast<size_t>(m), 0);
-  for (int64_t s = 0; s < m; ++s) id[sj[s]] = s == 0 || sk[s] != sk[s - 1];  // 1 at each group's first j
-  int32_t next = 0;
-  for (int64_t j = 0; j < m; ++j) {
-    const int32_t first = id[j];
-    id[j] = next;
-    next += first;
-  }
-  out_keys.resize(static_cast<size_t>(next));
-  int32_t group = -1;
-  for (int64_t s = 0; s < m; ++s) {
-    if (s == 0 || sk[s] != sk[s - 1]) {
-      group = id[sj[s]];
-      out_keys[group] = sk[s];
+  at::parallel_for(0, m, kNumberGrain, [&](int64_t b, int64_t e) {
+    for (int64_t s = b; s < e; ++s) id[sj[s]] = is_first(s);  // 1 at each group's first j
+  });
+  // Exclusive prefix sum of id over j, by chunks: each chunk's total, the chunk starts, then each chunk's sums.
+  const int64_t chunks = (m + kNumberGrain - 1) / kNumberGrain;
+  std::vector<int32_t> chunk_start(static_cast<size_t>(chunks + 1), 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int32_t t = 0;
+      for (int64_t j = c * kNumberGrain, e = std::min(m, j + kNumberGrain); j < e; ++j) t += id[j];
+      chunk_start[c + 1] = t;
     }
-    table[cand.slot[sj[s]]] = group;
-  }
+  });
+  for (int64_t c = 0; c < chunks; ++c) chunk_start[c + 1] += chunk_start[c];
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      int32_t next = chunk_start[c];
+      for (int64_t j = c * kNumberGrain, e = std::min(m, j + kNumberGrain); j < e; ++j) {
+        const int32_t first = id[j];
+        id[j] = next;
+        next += first;
+      }
+    }
+  });
+  out_keys.resize(static_cast<size_t>(chunk_start[chunks]));
+  at::parallel_for(0, m, kNumberGrain, [&](int64_t b, int64_t e) {
+    int64_t r = b;  // the group of the range's first candidate: its first candidate's id
+    while (!is_first(r)) --r;
+    int32_t group = id[sj[r]];
+    for (int64_t s = b; s < e; ++s) {
+      if (is_first(s)) {
+        group = id[sj[s]];
+        out_keys[group] = sk[s];
+      }
+      table[cand.slot[sj[s]]] = group;
+    }
+  });
 }
 
 void decode_keys(const std::vector<int64_t>& keys, const ConvGeometry& g, int32_t* out) {
@@ -429,7 +460,7 @@ void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bo
   map.repeat_free = first_repeated_row(s, n) < 0;
   map.table.reset(new int32_t[static_cast<size_t>(n * kvol)]);
   int32_t* table = map.table.get();
-  at::parallel_for(0, n * kvol, 1 << 20, [&](int64_t b, int64_t e) { std::fill(table + b, table + e, -1); });
+  at::parallel_for(0, n * kvol, 1 << 18, [&](int64_t b, int64_t e) { std::fill(table + b, table + e, -1); });
   std::vector<int64_t> out_keys;
   number_outputs(cand, table, out_keys);
   map.num_out = static_cast<int64_t>(out_keys.size());
@@ -474,7 +505,7 @@ void compact_block(const int32_t* table, int64_t r0, int64_t r1, int64_t kvol, c
 std::vector<int64_t> count_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, int64_t* pair_offsets) {
   const int64_t nb = num_blocks(num_rows);
   std::vector<int64_t> counts(static_cast<size_t>(nb * kvol), 0);
-  at::parallel_for(0, nb, kMinBlocksPerThread, [&](int64_t b0, int64_t b1) {
+  for_blocks(nb, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
       count_block(map.table.get(), b * kRowBlock, std::min(num_rows, (b + 1) * kRowBlock), kvol,
                   counts.data() + b * kvol);
@@ -503,7 +534,7 @@ void compact_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, const i
   }
   int32_t* rows_dst = map.rows_are_outputs ? pair_out : pair_in;
   int32_t* partner_dst = map.rows_are_outputs ? pair_in : pair_out;
-  at::parallel_for(0, nb, kMinBlocksPerThread, [&](int64_t b0, int64_t b1) {
+  for_blocks(nb, [&](int64_t b0, int64_t b1) {
     std::vector<int32_t> buf;
     for (int64_t b = b0; b < b1; ++b)
       compact_block(map.table.get(), b * kRowBlock, std::min(num_rows, (b + 1) * kRowBlock), kvol,

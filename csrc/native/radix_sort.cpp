@@ -11,11 +11,11 @@ namespace spconv {
 namespace native {
 
 namespace {
-// Fixed chunking: chunk boundaries, and with them every result, don't depend on the thread count.
-constexpr int64_t kChunks = 16;
 // Below this a sort runs on one thread: each parallel region costs a wake-up of the other threads, which
 // on a busy machine can be a scheduler tick, more than a pass over this many words takes.
-constexpr int64_t kParallelMin = 1 << 17;
+constexpr int64_t kParallelMin = 1 << 15;
+// Words per chunk of a parallel pass, at least: a chunk's histogram (2^kMaxDigit counts) is small beside it.
+constexpr int64_t kMinChunkWords = 1 << 14;
 // Grain of the element-wise loops (packing, unpacking).
 constexpr int64_t kGrain = 1 << 16;
 // Digits of at most 11 bits keep the per-chunk histograms small enough for L1/L2.
@@ -25,10 +25,17 @@ int bit_width(uint64_t v) { return static_cast<int>(std::bit_width(v)); }
 
 int64_t chunk_begin(int64_t c, int64_t chunks, int64_t n) { return n * c / chunks; }
 
+// Chunks of a counting pass, one per thread. A stable sort has one result, so the chunking (and with it the
+// thread count) never changes the bits; chunks fixed in number would cap the threads a pass can use.
+int64_t pass_chunks(int64_t n) {
+  if (n < kParallelMin) return 1;
+  return std::clamp<int64_t>(n / kMinChunkWords, 1, at::get_num_threads());
+}
+
 // One counting-sort pass on the digit (w >> shift) & mask, src -> dst. Returns false (dst untouched)
 // when every word has the same digit: the pass would not move anything.
 bool radix_pass(const uint64_t* src, uint64_t* dst, int64_t n, int shift, int width) {
-  const int64_t chunks = n < kParallelMin ? 1 : kChunks;
+  const int64_t chunks = pass_chunks(n);
   const int64_t buckets = int64_t{1} << width;
   const uint64_t mask = static_cast<uint64_t>(buckets - 1);
   std::vector<int64_t> hist(static_cast<size_t>(chunks * buckets), 0);

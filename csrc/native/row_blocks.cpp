@@ -29,28 +29,34 @@ RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const in
   d.first.assign(d.n_blocks * kvol, 0);
   d.last.assign(d.n_blocks * kvol, 0);
   d.copied.assign(kvol, 0);
+  // Each offset either ascends (its buckets are ranges of the pair list, found by binary search) or is marked
+  // for copying. Offsets are independent, and the check reads every pair: in parallel once the pairs are many.
+  const int64_t grain = offsets[kvol] - offsets[0] >= parallel_copy_pairs ? 1 : kvol;
+  at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      if (identity[k]) continue;
+      const int32_t* kk = key + offsets[k];
+      const int64_t n = offsets[k + 1] - offsets[k];
+      if (!ascends(kk, n)) {
+        d.copied[k] = 1;
+        continue;
+      }
+      int64_t p = 0;
+      for (int64_t b = 0; b < d.n_blocks; ++b) {
+        d.first[b * kvol + k] = offsets[k] + p;
+        p = std::lower_bound(kk + p, kk + n, static_cast<int32_t>(std::min(n_rows, (b + 1) * block_rows))) - kk;
+        d.last[b * kvol + k] = offsets[k] + p;
+      }
+    }
+  });
   int64_t copy_pairs = 0;
-  for (int64_t k = 0; k < kvol; ++k) {
-    if (identity[k]) continue;
-    const int32_t* kk = key + offsets[k];
-    const int64_t n = offsets[k + 1] - offsets[k];
-    if (!ascends(kk, n)) {
-      d.copied[k] = 1;
-      copy_pairs += n;
-      continue;
-    }
-    int64_t p = 0;  // the bucket edges by binary search
-    for (int64_t b = 0; b < d.n_blocks; ++b) {
-      d.first[b * kvol + k] = offsets[k] + p;
-      p = std::lower_bound(kk + p, kk + n, static_cast<int32_t>(std::min(n_rows, (b + 1) * block_rows))) - kk;
-      d.last[b * kvol + k] = offsets[k] + p;
-    }
-  }
+  for (int64_t k = 0; k < kvol; ++k)
+    if (d.copied[k]) copy_pairs += offsets[k + 1] - offsets[k];
   if (copy_pairs == 0) return d;
   // Each offset writes only its own buckets: the copied offsets can run in parallel.
-  const int64_t grain = copy_pairs >= parallel_copy_pairs ? 1 : kvol;
+  const int64_t copy_grain = copy_pairs >= parallel_copy_pairs ? 1 : kvol;
   std::vector<int64_t> count(d.n_blocks * kvol, 0);
-  at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
+  at::parallel_for(0, kvol, copy_grain, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k)
       if (d.copied[k])
         for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) ++count[key[p] / block_rows * kvol + k];
@@ -63,7 +69,7 @@ RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const in
   }
   d.key_copy.resize(total);
   d.other_copy.resize(total);
-  at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
+  at::parallel_for(0, kvol, copy_grain, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       if (!d.copied[k]) continue;
       for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) {

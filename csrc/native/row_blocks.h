@@ -31,9 +31,9 @@ struct RowBlocks {
 };
 
 // key / other: the two sides of the pairs (offset k's are [offsets[k], offsets[k + 1])); identity[k]: leave offset
-// k out; the key rows lie in [0, n_rows), block_rows per block. The offsets that need copies are copied in
-// parallel when they hold at least parallel_copy_pairs pairs (a parallel region costs a scheduler slice when a
-// worker waits behind other processes).
+// k out; the key rows lie in [0, n_rows), block_rows per block. The offsets are checked in parallel when the map
+// holds at least parallel_copy_pairs pairs, and those that need copies are copied in parallel when they hold that
+// many (a parallel region costs a scheduler slice when a worker waits behind other processes).
 constexpr int64_t kParallelCopyPairs = int64_t{1} << 18;
 RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const int64_t* offsets, int64_t kvol,
                               const std::vector<char>& identity, int64_t n_rows, int64_t block_rows,
