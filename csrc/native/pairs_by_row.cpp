@@ -14,7 +14,7 @@ namespace {
 
 // Below this many pairs one thread groups them: two streaming passes cost less than the parallel regions
 // (which stall whenever the machine is busy and a worker thread isn't scheduled).
-constexpr int64_t kParallelPairs = int64_t{1} << 16;
+constexpr int64_t kParallelPairs = int64_t{1} << 18;
 // Rows per block of the parallel grouping: a block's row counters stay in L1.
 constexpr int64_t kBlockRows = 2048;
 
