@@ -4,10 +4,11 @@ built inside), the time the worker threads sit idle, and what that leaves for a 
     OMP_WAIT_POLICY=PASSIVE python tools/serial_time.py --data scan.npz --threads 2
 
 A worker of a passive OpenMP pool sleeps instead of spinning between parallel regions, so its CPU time (read
-from /proc, Linux only) is the work it did; wall time minus a worker's average CPU time is the time only the
-calling thread ran: serial code, Python, and the tail of each parallel region. With serial time S and the rest
-of the CPU time P spread over the threads, N threads take about S + P / N (Amdahl's law), the projection
-printed for 16 and 64 threads. The threads share this machine's memory bandwidth, so the projection is a
+from /proc, Linux only) is the work it did. Per layer, wall time minus a worker's average CPU time is the time
+only the calling thread ran: serial code, Python, and the tail of each parallel region. For the whole forward,
+the serial time S is the idle thread time, threads x wall - CPU time, over threads - 1: it also counts the
+calling thread waiting for a worker's tail. With the rest of the CPU time P spread over the threads, N threads
+take about S + P / N (Amdahl's law), the projection printed for 16 and 64 threads. The threads share this machine's memory bandwidth, so the projection is a
 ceiling, not a forecast.
 """
 import argparse
@@ -44,7 +45,7 @@ class IdleClock:
         self.worker_cpu = [0.0] * len(net)
         self._mark = None
         for i, m in enumerate(net):
-            m.register_forward_pre_hook(lambda mod, inp, i=i: self._start())
+            m.register_forward_pre_hook(lambda mod, inp: self._start())
             m.register_forward_hook(lambda mod, inp, out, i=i: self._stop(i))
 
     def _workers(self):
@@ -101,12 +102,11 @@ def main():
         idle_sum += idle
         print(f"{i:2d} {type(m).__name__:21s} {w:8.2f} {idle:8.2f} {100 * idle / max(w, 1e-9):4.0f}%")
     serial = wall - (cpu - wall) / workers if args.threads > 1 else wall
-    parallel = cpu - serial
-    print(f"worker idle, whole forward: {serial:.1f} ms ({100 * serial / wall:.1f}%); sum of the layers' "
-          f"{idle_sum:.1f} ms; CPU time {cpu:.1f} ms")
-    one = serial + parallel
+    print(f"serial time (idle thread time over threads - 1), whole forward: {serial:.1f} ms "
+          f"({100 * serial / wall:.1f}%); the layers' worker idle {idle_sum:.1f} ms; CPU time {cpu:.1f} ms")
+    one = cpu  # one thread would do all the CPU work: serial + parallel
     for n in (16, 64):
-        t = serial + parallel / n
+        t = serial + (cpu - serial) / n
         print(f"Amdahl at {n} threads: {t:.1f} ms per forward, {one / t:.1f}x one thread "
               f"(serial {100 * serial / one:.1f}% of one thread's time)")
 
