@@ -27,7 +27,7 @@ MAX_VOXELS = 600  # every GPU thread is a fiber: keep the scenes small
 
 
 def coord_key(indices):
-    k = torch.zeros(indices.shape[0], dtype=torch.int64)
+    k = torch.zeros(indices.shape[0], dtype=torch.int64, device=indices.device)
     for c in range(indices.shape[1]):
         k = k * 4096 + indices[:, c].long()
     return k

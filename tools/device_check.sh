@@ -3,8 +3,9 @@
 # builds the extension for the local GPU, times the fused / native / torch.mm routes on the reference
 # SubMConv3d layer, runs the GPU tests, a short benchmark, and compute-sanitizer (memcheck, racecheck) on a
 # small normal case and a duplicate-coordinate case; prints a summary. Sized for a short GPU session: about
-# 6 minutes on a 16-core machine in all (every phase has its own time limit; the CPU-only tests are CI's job),
-# so one command of at most 10 minutes leaves time to rerun.
+# 7 minutes on a 16-core machine in all (every phase has its own time limit, the sanitizer stops starting
+# cases at SANITIZE_UNTIL seconds, default 420; the CPU-only tests are CI's job), so one command of at most
+# 10 minutes leaves time to rerun.
 # Output: bench/results/device-check-<UTC date>-<GPU>.txt (and a copy under $OUT when that is set).
 #   TORCH_CUDA_ARCH_LIST (default 9.0), SPCONV_HIP_ARCHS for ROCm; SKIP_BUILD=1 reuses an existing build.
 set -u
@@ -22,6 +23,7 @@ LOG=bench/results/device-check-$STAMP-$GPU_TAG.txt
 exec > >(tee "$LOG") 2>&1
 
 declare -A RESULT
+LOGDIR=${OUT:-/tmp}  # full build and pytest logs (under $OUT when set); the summary shows their tails
 phase() { echo; echo "=== [$(elapsed) s] $* ==="; }
 
 phase "machine"
@@ -39,12 +41,12 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)} SPCONV_GPU_JOBS=${SPCONV_GPU_JOBS:-8}
 if [ "${SKIP_BUILD:-0}" = 1 ]; then
   RESULT[build]=skipped
 else
-  if timeout 240 python3 setup.py build_ext --inplace >/tmp/spconv_device_build.log 2>&1; then
+  if timeout 240 python3 setup.py build_ext --inplace >"$LOGDIR/build.log" 2>&1; then
     RESULT[build]=ok
-    grep -E "building GPU kernels|nvcc|hipcc" /tmp/spconv_device_build.log | head -3 | cut -c1-300
+    grep -E "building GPU kernels|nvcc|hipcc" "$LOGDIR/build.log" | head -3 | cut -c1-300
   else
     RESULT[build]=FAILED
-    tail -60 /tmp/spconv_device_build.log
+    tail -60 "$LOGDIR/build.log"
   fi
 fi
 echo "build: ${RESULT[build]} at $(elapsed) s"
@@ -163,10 +165,19 @@ for name, C, res in rows:
 PY
 RESULT[timing]=$([ $? = 0 ] && echo ok || echo FAILED)
 
-phase "GPU tests"
-timeout 120 python3 -m pytest -q -p no:cacheprovider test/test_gpu_*.py 2>&1 | tail -40
-rc=${PIPESTATUS[0]}
+phase "GPU tests (test/test_gpu_*.py; the whole-network ones read \$SPCONV_REAL_SCAN when set)"
+timeout 180 python3 -m pytest -q -p no:cacheprovider -rfE test/test_gpu_*.py >"$LOGDIR/gpu-tests.log" 2>&1
+rc=$?
+tail -60 "$LOGDIR/gpu-tests.log"
 RESULT[gpu_tests]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
+
+phase "GPU cases of the general suite (-k 'cuda or gpu')"
+timeout 90 python3 -m pytest -q -p no:cacheprovider -rfE -k "cuda or gpu" test/test_determinism.py \
+  test/test_edge_sizes.py test/test_voxel.py test/test_modules_tables.py test/test_hash.py \
+  >"$LOGDIR/gpu-cases.log" 2>&1
+rc=$?
+tail -30 "$LOGDIR/gpu-cases.log"
+RESULT[gpu_cases]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
 
 phase "benchmark (python -m spconv.benchmark)"
 if python3 -c "import spconv.benchmark.cli" 2>/dev/null; then
@@ -188,7 +199,7 @@ if [ -n "$SAN" ]; then
   RESULT[sanitizer]=ok
   for tool in memcheck racecheck; do
     for case in normal duplicates; do
-      LEFT=$(( 400 - $(elapsed) ))
+      LEFT=$(( ${SANITIZE_UNTIL:-420} - $(elapsed) ))
       if [ $LEFT -lt 20 ]; then RESULT[sanitizer]="${RESULT[sanitizer]}; $tool $case skipped (no time left)"; continue; fi
       timeout $(( LEFT < 60 ? LEFT : 60 )) "$SAN" --tool $tool --error-exitcode 3 python3 tools/device_sanitize_case.py $case 2>&1 | tail -8
       rc=${PIPESTATUS[0]}
@@ -201,7 +212,7 @@ fi
 
 phase "summary"
 echo "GPU: $GPU"
-for k in build timing gpu_tests benchmark sanitizer; do
+for k in build timing gpu_tests gpu_cases benchmark sanitizer; do
   [ -n "${RESULT[$k]:-}" ] && printf '  %-15s %s\n' "$k" "${RESULT[$k]}"
 done
 echo "total $(elapsed) s; log: $LOG"

@@ -92,6 +92,28 @@ def cuda_arch_flags(archs):
     return flags
 
 
+def _nvcc_top(nvcc):
+    """The toolkit folder nvcc runs from, as its dry run names it (TOP): right also when the nvcc found is a
+    wrapper script in another folder, which makes torch guess that folder's parent as CUDA_HOME."""
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-c", "spconv_probe.cu"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"^#\$ TOP=(.+)$", out, re.M)
+    return os.path.normpath(m.group(1).strip()) if m else None
+
+
+def _cudart_dir(cuda_home, nvcc):
+    """The folder holding libcudart.so, under CUDA_HOME or under the toolkit nvcc belongs to."""
+    roots = [cuda_home] + [t for t in [_nvcc_top(nvcc)] if t and t != cuda_home]
+    for r in roots:
+        for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib")):
+            if os.path.exists(os.path.join(r, sub, "libcudart.so")):
+                return os.path.join(r, sub)
+    raise RuntimeError("spconv: libcudart.so not found under %s; set CUDA_HOME to the CUDA toolkit" % roots)
+
+
 def configure(backend, root):
     import torch
     from torch.utils import cpp_extension
@@ -109,12 +131,11 @@ def configure(backend, root):
         cfg = GpuConfig("cuda", nvcc, ";".join("sm_%s" % a for a, _ in archs), flags, root)
         cfg.compile_flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-x", "cu",
                              "-lineinfo"]
-        lib64 = os.path.join(cuda_home, "lib64")
-        cfg.library_dirs = [torch_lib, lib64] + ([os.path.join(cuda_home, "lib")] if os.path.isdir(
-            os.path.join(cuda_home, "lib")) else [])
+        cudart = _cudart_dir(cuda_home, nvcc)
+        cfg.library_dirs = [torch_lib, cudart]
         cfg.libraries = ["c10_cuda", "torch_cuda", "cudart"]
         cfg.define_macros = [("SPCONV_GPU_CUDA", "1")]
-        cfg.extra_link_args = ["-Wl,-rpath," + lib64]
+        cfg.extra_link_args = ["-Wl,-rpath," + cudart]
         return cfg
     if backend == "hip":
         rocm = os.environ.get("ROCM_PATH") or "/opt/dtk"
