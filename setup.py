@@ -42,7 +42,10 @@ def gpu_backend():
 
 backend = gpu_backend()
 # C++20: torch 2.13 headers use C++20 features (bit-field initialisers).
-cxx_flags = ["-O3", "-g0", "-std=c++20", "-fopenmp", "-fvisibility=hidden"]
+cxx_flags = ["-O3", "-g0", "-std=c++20", "-fopenmp", "-fvisibility=hidden",
+             # torch's C++ ABI, said outright: a compiler whose default differs would hand torch a std::string
+             # of another layout at the first op call (a crash, not a link error).
+             "-D_GLIBCXX_USE_CXX11_ABI=%d" % int(torch._C._GLIBCXX_USE_CXX11_ABI)]
 macros = [("SPCONV_TORCH_VERSION", '"%s"' % torch.__version__)]
 ext_sources = sources("csrc/module.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/ops/cpu/*.cpp") + sources(
     "csrc/native/*.cpp")

@@ -10,6 +10,7 @@
 #   TORCH_CUDA_ARCH_LIST (default 9.0), SPCONV_HIP_ARCHS for ROCm; SKIP_BUILD=1 reuses an existing build.
 set -u
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # tools/*.py import spconv from the in-place build
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
 
@@ -50,7 +51,22 @@ else
   fi
 fi
 echo "build: ${RESULT[build]} at $(elapsed) s"
-python3 -c "import json, spconv._backend as b; print(json.dumps(b.build_info()))" || RESULT[build]="${RESULT[build]} (import FAILED)"
+echo "compilers: CXX=${CXX:-} CC=${CC:-}; g++: $(g++ --version 2>/dev/null | head -1)"
+[ -n "${CXX:-}" ] && echo "$CXX: $($CXX --version 2>/dev/null | head -1); default C++ ABI: $(echo '#include <string>' |
+  $CXX -x c++ -dM -E - 2>/dev/null | grep -o '_GLIBCXX_USE_CXX11_ABI [01]')"
+import_check() { timeout 60 python3 -c "import json, spconv._backend as b; print(json.dumps(b.build_info()))"; }
+if ! import_check; then
+  # Where it crashed, then one more build with the system compiler (ninja rebuilds what the new command changes).
+  GDB=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null || true)
+  [ -n "$GDB" ] && timeout 90 "$GDB" -q -batch -ex run -ex bt --args python3 -c "import spconv._backend as b; \
+    b.build_info()" 2>&1 | grep -E "^#|signal" | head -25
+  if [ "${SKIP_BUILD:-0}" != 1 ] && [ -x /usr/bin/g++ ]; then
+    echo "rebuilding with /usr/bin/g++ ($(/usr/bin/g++ --version | head -1))"
+    CXX=/usr/bin/g++ CC=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared" timeout 240 python3 setup.py build_ext --inplace >"$LOGDIR/build2.log" 2>&1 ||
+      tail -30 "$LOGDIR/build2.log"
+  fi
+  import_check || RESULT[build]="${RESULT[build]} (import FAILED)"
+fi
 
 phase "timing: SubMConv3d 3x3x3 on ~50k voxels, 41x1600x1408, kernel map cached"
 timeout 75 python3 - <<'PY'
