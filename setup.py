@@ -49,7 +49,11 @@ cxx_flags = ["-O3", "-g0", "-std=c++20", "-fopenmp", "-fvisibility=hidden",
 macros = [("SPCONV_TORCH_VERSION", '"%s"' % torch.__version__)]
 ext_sources = sources("csrc/module.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/ops/cpu/*.cpp") + sources(
     "csrc/native/*.cpp")
-ext_kwargs = dict(extra_link_args=["-fopenmp"], libraries=[], library_dirs=[], extra_objects=[])
+# --exclude-libs: where the compiler driver links libstdc++ statically (some toolchain wrappers do), its
+# symbols stay inside the extension; exported, they mix with the process's libstdc++ (locale facets) and the
+# first number formatted into a stream crashes. No effect with the usual shared libstdc++.
+ext_kwargs = dict(extra_link_args=["-fopenmp", "-Wl,--exclude-libs,ALL"], libraries=[], library_dirs=[],
+                  extra_objects=[])
 cmdclass = {}
 
 if backend == "none":

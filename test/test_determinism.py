@@ -30,7 +30,8 @@ def _run(net, x, threads):
         net.zero_grad()
         feats = x.features.clone().requires_grad_()
         y = net(x.replace_feature(feats))
-        g = torch.linspace(-1, 1, y.features.numel(), dtype=y.features.dtype).reshape(y.features.shape)
+        g = torch.linspace(-1, 1, y.features.numel(), dtype=y.features.dtype,
+                           device=y.features.device).reshape(y.features.shape)
         (y.features * g).sum().backward()
         return [y.features.detach().clone(), y.indices.clone(), feats.grad.clone()] + \
             [p.grad.clone() for p in net.parameters()]

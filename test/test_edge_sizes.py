@@ -56,7 +56,7 @@ def test_layer_with_no_active_output(device):
     net = spconv.SparseSequential(
         spconv.SubMConv3d(2, 4, 3, indice_key="a"), spconv.SparseConv3d(4, 4, 2, 2, indice_key="down"),
         nn.BatchNorm1d(4), spconv.SubMConv3d(4, 4, 3), spconv.SparseConv3d(4, 4, 2, 2),
-        spconv.SparseGlobalMaxPool())
+        spconv.SparseGlobalMaxPool()).to(device)
     y = net[:2](x)
     assert y.features.shape == (0, 4) and y.spatial_shape == [2, 2, 2]
     z = net(x)

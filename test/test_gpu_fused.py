@@ -220,7 +220,8 @@ def test_modules_fused_vs_native_vs_cpu(dtype, monkeypatch):
         net = _modules_run(dtype, force, monkeypatch).to(dev)
         if dev != "cpu":
             net = net.to(dtype)
-        f = feats.to(dev).to(dtype if dev != "cpu" else torch.float32).requires_grad_()
+        # detach(): on the CPU .to() returns feats itself, which must not start requiring grad
+        f = feats.to(dev).to(dtype if dev != "cpu" else torch.float32).detach().requires_grad_()
         x = spconv.SparseConvTensor(f, idx.to(dev), [24, 24, 24], 1)
         y = net(x)
         d = y.dense()

@@ -1,6 +1,6 @@
 """Grouped convolution on a real GPU: grouped layers through the fused route (table kernels) and the native GPU
-route (gather, per-group GEMM, scatter) against the CPU route, FP32 to 1e-5 relative, FP16/BF16 against FP64,
-bitwise run to run. Skips where no GPU (or no GPU kernels) is present."""
+route (gather, per-group GEMM, scatter) against the CPU route, FP32 to 1e-5 relative, FP16/BF16 against FP64
+(no worse than twice the CPU route in the same dtype), bitwise run to run. Skips where no GPU (or no GPU kernels) is present."""
 import pytest
 import torch
 
@@ -31,7 +31,7 @@ def _net(seed=0):
 def _run(net, x, device, dtype):
     net = net.to(device, dtype)
     net.zero_grad()
-    feats = x.features.to(device, dtype).requires_grad_(True)
+    feats = x.features.to(device, dtype).detach().requires_grad_(True)  # a leaf, also where .to() is a no-op
     out = net(spconv.SparseConvTensor(feats, x.indices.to(device), x.spatial_shape, x.batch_size))
     g = torch.sin(torch.arange(out.features.numel(), dtype=torch.float64)).view_as(out.features)
     (out.features * g.to(device, dtype)).sum().backward()
@@ -51,7 +51,12 @@ def test_grouped_net_matches_cpu(force_native, dtype, tol):
         again = _run(_net(), x, "cuda", dtype)
     finally:
         constants.SPCONV_FORCE_NATIVE = old
-    for a, b, c in zip(got, want, again):
+    # FP16/BF16: every layer rounds its output (and the ReLU's kinks amplify it), so the bound is the CPU
+    # route's own error in the same dtype, doubled, where that exceeds tol.
+    same = _run(_net(), x, "cpu", dtype) if dtype != ref_t else want
+    assert len(got) == len(want) == len(same)
+    for i, (a, b, c, s) in enumerate(zip(got, want, again, same)):
         assert a.dtype == dtype
-        assert rel(a, b) < tol
+        bound = max(tol, 2 * rel(s, b)) if dtype != ref_t else tol
+        assert rel(a, b) < bound, "item %d: relative error %g, bound %g" % (i, rel(a, b), bound)
         assert torch.equal(a, c)  # deterministic

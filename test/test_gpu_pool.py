@@ -251,7 +251,7 @@ def _coordinate_weights(indices, channels):
 
 
 def _run_layer(layer, x, dev, dtype):
-    f = x.features.to(device=dev, dtype=dtype).requires_grad_(True)
+    f = x.features.to(device=dev, dtype=dtype).detach().requires_grad_(True)  # a leaf even where .to() is a no-op
     xs = spconv.SparseConvTensor(f, x.indices.to(dev), x.spatial_shape, x.batch_size)
     y = layer(xs)
     assert y.features.dtype == dtype and y.features.device.type == torch.device(dev).type
