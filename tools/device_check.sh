@@ -35,6 +35,7 @@ python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', 
 command -v nvcc >/dev/null && nvcc --version | tail -2
 echo "cores: $(nproc)"
 git log -1 --format='commit %H %s' 2>/dev/null || true
+[ -n "$(git status --porcelain 2>/dev/null | head -1)" ] && echo "(the tree differs from that commit: a copied tree may carry a stale .git)"
 
 phase "build"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
