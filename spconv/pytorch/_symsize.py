@@ -19,7 +19,10 @@ def check_equal(actual: Size, expected: Size, what: str) -> None:
     which must not depend on the sizes) when it can't be decided."""
     if guard_or_false(actual != expected):  # plain ints: just !=
         raise ValueError(f"{what}: expected {expected}, got {actual}")
-    torch._check(actual == expected, lambda: what)
+    if torch.compiler.is_dynamo_compiling():
+        torch._check(actual == expected)  # Dynamo before torch 2.13 can't trace a message that is a closure
+    else:
+        torch._check(actual == expected, lambda: what)
 
 
 def maybe_nonzero(n: Size) -> bool:
