@@ -45,3 +45,22 @@ def test_build_ships_the_header_and_the_cmake_config(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     for rel in ("spconv/include/spconv/ops.h", "spconv/share/cmake/Spconv/SpconvConfig.cmake"):
         assert (tmp_path / rel).is_file(), rel
+
+
+def test_a_statically_linked_libstdcxx_stays_inside(tmp_path):
+    """Some toolchains' compiler drivers link libstdc++ statically (a wrapper adding -static-libstdc++). Its
+    symbols must stay inside the extension (setup.py links with --exclude-libs,ALL): exported, they mixed with
+    the process's libstdc++, and the first number streamed into build_info's JSON crashed the process (seen on
+    a GPU machine's image) or came out garbled (here). Relinks the objects of the in-place build."""
+    if not glob.glob(os.path.join(ROOT, "build", "temp.*", "csrc")):
+        pytest.skip("no in-place build tree to relink (the extension was built elsewhere)")
+    env = dict(os.environ, LDFLAGS="-static-libstdc++")
+    build = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp_path)], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    lib = glob.glob(str(tmp_path / "spconv" / "_C_hip*.so"))[0]
+    code = ("import json, torch; torch.ops.load_library(%r); info = json.loads(torch.ops.spconv.build_info()); "
+            "print(info['openmp'], info['cpu_isa'])" % lib)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split()[0].isdigit(), run.stdout

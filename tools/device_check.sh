@@ -202,8 +202,10 @@ if python3 -c "import spconv.benchmark.cli" 2>/dev/null; then
   for d in shared/data ../shared/data; do
     [ -f "$d/lidar-voxels-125k.npz" ] && DATA_ARGS="--data $d/lidar-voxels-125k.npz" && break
   done
-  timeout 60 python3 -m spconv.benchmark --no-progress --quick $DATA_ARGS --dtypes fp16 2>&1 | tail -40
-  rc=${PIPESTATUS[0]}
+  timeout 60 python3 -m spconv.benchmark --no-progress --quick $DATA_ARGS --dtypes fp16 \
+    --json "$LOGDIR/benchmark.json" >"$LOGDIR/benchmark.txt" 2>&1
+  rc=$?
+  tail -40 "$LOGDIR/benchmark.txt"
   RESULT[benchmark]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
 else
   echo "spconv.benchmark not present; skipped"
