@@ -1,5 +1,6 @@
 """tools/gpu_build.py: the nvcc arch flags always embed PTX (by default for the highest arch), so a GPU the
-build doesn't list (sm_100 / sm_120, or sm_90 under an 8.0-only build) JIT-compiles it instead of failing."""
+build doesn't list (sm_100 / sm_120, or sm_90 under an 8.0-only build) JIT-compiles it instead of failing; the
+CUDA runtime library is found through nvcc also when nvcc is a wrapper script outside the toolkit."""
 import os
 import sys
 
@@ -28,6 +29,26 @@ def test_ptx_for_the_highest_arch_by_default(archs, ptx):
     flags = gpu_build.cuda_arch_flags(archs)
     assert ptx_of(flags) == ptx
     assert sass_of(flags) == [a for a, _ in archs]
+
+
+def test_cudart_found_through_an_nvcc_wrapper(tmp_path):
+    # /usr/local/bin/nvcc as `exec <toolkit>/bin/nvcc "$@"`: torch guesses CUDA_HOME=/usr/local, which has no
+    # libcudart (the first GPU build on a real machine failed to link so). nvcc's dry run names the toolkit.
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "targets" / "x86_64-linux" / "lib").mkdir(parents=True)
+    (toolkit / "targets" / "x86_64-linux" / "lib" / "libcudart.so").write_text("")
+    real = toolkit / "bin" / "nvcc"
+    real.write_text('#!/bin/sh\necho "#$ _HERE_=%s/bin"\necho "#$ TOP=%s/bin/.."\n' % (toolkit, toolkit))
+    wrapper_home = tmp_path / "local"
+    (wrapper_home / "bin").mkdir(parents=True)
+    wrapper = wrapper_home / "bin" / "nvcc"
+    wrapper.write_text('#!/bin/sh\nexec %s "$@"\n' % real)
+    for f in (real, wrapper):
+        f.chmod(0o755)
+    assert gpu_build._cudart_dir(str(wrapper_home), str(wrapper)) == str(toolkit / "targets" / "x86_64-linux" / "lib")
+    with pytest.raises(RuntimeError, match="libcudart.so not found"):
+        gpu_build._cudart_dir(str(wrapper_home), str(tmp_path / "missing-nvcc"))
 
 
 @pytest.mark.hip_cpu
