@@ -1,6 +1,7 @@
 """Grouped convolution on a real GPU: grouped layers through the fused route (table kernels) and the native GPU
 route (gather, per-group GEMM, scatter) against the CPU route, FP32 to 1e-5 relative, FP16/BF16 against FP64
-(no worse than twice the CPU route in the same dtype), bitwise run to run. Skips where no GPU (or no GPU kernels) is present."""
+(no worse than twice the CPU route in the same dtype), bitwise run to run. Skips where no GPU (or no GPU
+kernels) is present."""
 import pytest
 import torch
 
