@@ -22,6 +22,7 @@ namespace ops {
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kSmallStep = size_t{64} << 10;  // blocks under 2 MB: 64 KB steps, no huge-page advice
 constexpr int64_t kDefaultCapacityMb = 512;
 
 struct Block {
@@ -48,7 +49,8 @@ class OutputCache final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     if (n < static_cast<size_t>(kMinCachedBytes)) return c10::GetDefaultCPUAllocator()->allocate(n);
-    const size_t bytes = (n + kHugePage - 1) / kHugePage * kHugePage;
+    const size_t step = n < kHugePage ? kSmallStep : kHugePage;
+    const size_t bytes = (n + step - 1) / step * step;
     Block* b = take(bytes);
     if (b == nullptr) b = fresh(bytes);
     return {b->ptr, b, &OutputCache::release, c10::Device(c10::DeviceType::CPU)};
@@ -102,10 +104,10 @@ class OutputCache final : public c10::Allocator {
 
   static Block* fresh(size_t bytes) {
     void* p = nullptr;
-    if (posix_memalign(&p, kHugePage, bytes) != 0 || p == nullptr)
+    if (posix_memalign(&p, bytes >= kHugePage ? kHugePage : 4096, bytes) != 0 || p == nullptr)
       TORCH_CHECK_WITH(OutOfMemoryError, false, "spconv: out of CPU memory allocating ", bytes, " bytes");
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    madvise(p, bytes, MADV_HUGEPAGE);  // a hint (ignored without transparent huge pages): 2 MB faults
+    if (bytes >= kHugePage) madvise(p, bytes, MADV_HUGEPAGE);  // a hint (ignored without THP): 2 MB faults
 #endif
     return new Block{p, bytes};
   }
