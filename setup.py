@@ -42,10 +42,10 @@ def gpu_backend():
 
 backend = gpu_backend()
 # C++20: torch 2.13 headers use C++20 features (bit-field initialisers).
-cxx_flags = ["-O3", "-g0", "-std=c++20", "-fopenmp", "-fvisibility=hidden",
-             # torch's C++ ABI, said outright: a compiler whose default differs would hand torch a std::string
-             # of another layout at the first op call (a crash, not a link error).
-             "-D_GLIBCXX_USE_CXX11_ABI=%d" % int(torch._C._GLIBCXX_USE_CXX11_ABI)]
+# torch's C++ ABI, said outright (host compiler and GPU compiler): a compiler whose default differs would hand
+# torch a std::string of another layout at the first op call (a crash, not a link error).
+abi_flag = "-D_GLIBCXX_USE_CXX11_ABI=%d" % int(torch._C._GLIBCXX_USE_CXX11_ABI)
+cxx_flags = ["-O3", "-g0", "-std=c++20", "-fopenmp", "-fvisibility=hidden", abi_flag]
 macros = [("SPCONV_TORCH_VERSION", '"%s"' % torch.__version__)]
 ext_sources = sources("csrc/module.cpp") + sources("csrc/ops/*.cpp") + sources("csrc/ops/cpu/*.cpp") + sources(
     "csrc/native/*.cpp")
@@ -64,6 +64,7 @@ else:
     import gpu_build  # tools/gpu_build.py: compiles csrc/hip with nvcc or hipcc
 
     gpu = gpu_build.configure(backend, ROOT)
+    gpu.compile_flags.append(abi_flag)
     print("spconv: building GPU kernels with %s for %s" % (gpu.compiler, gpu.archs))
     macros += [("SPCONV_GPU_BACKEND", '"%s"' % backend), ("SPCONV_GPU_ARCHS", '"%s"' % gpu.archs),
                ("SPCONV_WITH_GPU", "1")]

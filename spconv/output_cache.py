@@ -2,9 +2,9 @@
 
 The CPU ops take their outputs of 128 KB and more (the filters each conv call transposes its weight into too)
 from a small cache of freed output blocks instead of fresh pages from the OS, which a layer would otherwise fault
-in and zero again on every call (half of a depthwise layer's time on a real scan). ``SPCONV_CPU_OUTPUT_CACHE_MB`` (read once, at the first large output) bounds the
-freed memory it keeps: default 512, 0 turns it off. Tensors are ordinary CPU tensors; only the memory under them
-is recycled.
+in and zero again on every call (half of a depthwise layer's time on a real scan). ``SPCONV_CPU_OUTPUT_CACHE_MB``
+(read once, at the first large output) bounds the freed memory it keeps: default 512, 0 turns it off. Tensors are
+ordinary CPU tensors; only the memory under them is recycled.
 """
 from typing import Dict
 

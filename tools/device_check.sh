@@ -35,7 +35,8 @@ python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', 
 command -v nvcc >/dev/null && nvcc --version | tail -2
 echo "cores: $(nproc)"
 git log -1 --format='commit %H %s' 2>/dev/null || true
-[ -n "$(git status --porcelain 2>/dev/null | head -1)" ] && echo "(the tree differs from that commit: a copied tree may carry a stale .git)"
+[ -n "$(git status --porcelain 2>/dev/null | head -1)" ] &&
+  echo "(the tree differs from that commit: a copied tree may carry a stale .git)"
 
 phase "build"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
@@ -63,8 +64,8 @@ if ! import_check; then
     b.build_info()" 2>&1 | grep -E "^#|signal" | head -25
   if [ "${SKIP_BUILD:-0}" != 1 ] && [ -x /usr/bin/g++ ]; then
     echo "rebuilding with /usr/bin/g++ ($(/usr/bin/g++ --version | head -1))"
-    CXX=/usr/bin/g++ CC=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared" timeout 240 python3 setup.py build_ext --inplace >"$LOGDIR/build2.log" 2>&1 ||
-      tail -30 "$LOGDIR/build2.log"
+    CXX=/usr/bin/g++ CC=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared" timeout 240 \
+      python3 setup.py build_ext --inplace >"$LOGDIR/build2.log" 2>&1 || tail -30 "$LOGDIR/build2.log"
   fi
   import_check || RESULT[build]="${RESULT[build]} (import FAILED)"
 fi

@@ -130,7 +130,7 @@ def configure(backend, root):
         flags = cuda_arch_flags(archs)
         cfg = GpuConfig("cuda", nvcc, ";".join("sm_%s" % a for a, _ in archs), flags, root)
         cfg.compile_flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", "-x", "cu",
-                             "-lineinfo", "-D_GLIBCXX_USE_CXX11_ABI=%d" % int(torch._C._GLIBCXX_USE_CXX11_ABI)]
+                             "-lineinfo"]
         cudart = _cudart_dir(cuda_home, nvcc)
         cfg.library_dirs = [torch_lib, cudart]
         cfg.libraries = ["c10_cuda", "torch_cuda", "cudart"]

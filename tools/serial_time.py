@@ -8,8 +8,8 @@ from /proc, Linux only) is the work it did. Per layer, wall time minus a worker'
 only the calling thread ran: serial code, Python, and the tail of each parallel region. For the whole forward,
 the serial time S is the idle thread time, threads x wall - CPU time, over threads - 1: it also counts the
 calling thread waiting for a worker's tail. With the rest of the CPU time P spread over the threads, N threads
-take about S + P / N (Amdahl's law), the projection printed for 16 and 64 threads. The threads share this machine's memory bandwidth, so the projection is a
-ceiling, not a forecast.
+take about S + P / N (Amdahl's law), the projection printed for 16 and 64 threads. The threads share this
+machine's memory bandwidth, so the projection is a ceiling, not a forecast.
 """
 import argparse
 import os

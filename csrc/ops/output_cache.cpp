@@ -103,11 +103,12 @@ class OutputCache final : public c10::Allocator {
   }
 
   static Block* fresh(size_t bytes) {
+    const bool huge = bytes >= kHugePage;
     void* p = nullptr;
-    if (posix_memalign(&p, bytes >= kHugePage ? kHugePage : 4096, bytes) != 0 || p == nullptr)
+    if (posix_memalign(&p, huge ? kHugePage : 4096, bytes) != 0 || p == nullptr)
       TORCH_CHECK_WITH(OutOfMemoryError, false, "spconv: out of CPU memory allocating ", bytes, " bytes");
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    if (bytes >= kHugePage) madvise(p, bytes, MADV_HUGEPAGE);  // a hint (ignored without THP): 2 MB faults
+    if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint (ignored without transparent huge pages): 2 MB faults
 #endif
     return new Block{p, bytes};
   }

@@ -12,8 +12,9 @@
 //
 // What it keeps: blocks of at least kMinCachedBytes, sized in 64 KB steps under 2 MB and in 2 MB steps (advised
 // for huge pages) above, up to SPCONV_CPU_OUTPUT_CACHE_MB megabytes in all (default 512; 0 turns the cache off);
-// the oldest go back to the OS first. A request takes the smallest cached block that holds it with at most a quarter to spare. Outputs
-// are ordinary CPU tensors (resizable, shareable); only the memory under them is recycled.
+// the oldest go back to the OS first. A request takes the smallest cached block that holds it with at most a
+// quarter to spare. Outputs are ordinary CPU tensors (resizable, shareable); only the memory under them is
+// recycled.
 #pragma once
 #include <ATen/ATen.h>
 
