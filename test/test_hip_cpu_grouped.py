@@ -54,7 +54,7 @@ def test_ops_match_cpu(hip_cpu, kind, cin, cout, groups, dtype):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
-@pytest.mark.parametrize("kind,cin,cout,groups", SHAPES[:3])
+@pytest.mark.parametrize("kind,cin,cout,groups", SHAPES)
 def test_ops_low_precision(hip_cpu, dtype, tol, kind, cin, cout, groups):
     feats, filters, maps = _case(kind, cin, cout, groups, torch.float32)
     feats, filters = feats.to(dtype), filters.to(dtype)
@@ -72,6 +72,36 @@ def test_ops_low_precision(hip_cpu, dtype, tol, kind, cin, cout, groups):
             dx, dw = hip_cpu.indice_conv_grouped_backward(feats, filters, dy, *pairs)
         assert y.dtype == dx.dtype == dw.dtype == dtype
         assert rel(y, ref) < tol and rel(dx, rdx) < tol and rel(dw, rdw) < tol, name
+
+
+def _misaligned(t):
+    """A copy of t whose data starts one element past an allocation's start: the kernels' vector loads need
+    their pointers aligned to the vector, so they fall back to one element at a time."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype)
+    out = buf[1:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+# Grouped (8 output channels per group: 2-8 columns a thread) and depthwise (16 groups a thread in FP16).
+@pytest.mark.parametrize("kind,cin,cout,groups", [("subm", 16, 16, 2), ("subm", 32, 32, 32), ("conv", 16, 32, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_vector_width_keeps_the_bits(hip_cpu, kind, cin, cout, groups, dtype):
+    """The kernels move V channels per thread where the pointers allow: with every pointer one element off its
+    alignment they run with V = 1, and the results are the same bits (V changes the schedule, not the sums)."""
+    feats, filters, maps = _case(kind, cin, cout, groups, torch.float32)
+    feats, filters = feats.to(dtype), filters.to(dtype)
+    nbr, nbr_t = _grouped.tables(maps, True)
+    dy = torch.randn(maps.num_out, cout).to(dtype)
+    y = hip_cpu.grouped_conv(feats, filters, nbr, nbr_t)
+    dx, dw = hip_cpu.grouped_conv_backward(feats, filters, dy, nbr_t)
+    mf, mw, mdy = _misaligned(feats), _misaligned(filters), _misaligned(dy)
+    assert all(t.data_ptr() % (2 * t.element_size()) != 0 for t in (mf, mw, mdy))  # no vector of 2 fits
+    y1 = hip_cpu.grouped_conv(mf, mw, nbr, nbr_t)
+    dx1, dw1 = hip_cpu.grouped_conv_backward(mf, mw, mdy, nbr_t)
+    assert torch.equal(y1, y) and torch.equal(dx1, dx) and torch.equal(dw1, dw)
+    ref = cpu.grouped_conv(feats.double(), filters.double(), nbr, nbr_t)
+    assert rel(y, ref) < (1e-5 if dtype != torch.float16 else 2e-3)
 
 
 def test_bad_table_raises(hip_cpu):

@@ -1,7 +1,8 @@
-// Element loads and arithmetic of the kernels whose results must equal the CPU route's bit for bit (pooling,
-// grouped convolution, the int8 epilogue): values are computed in FP32 (FP64 for double) and products are never contracted into
-// an FMA, since the CPU loops round the product and the sum separately. nvcc honours the _rn intrinsics;
-// hipcc contracts unless told not to (g++ in the HIP CPU build: -ffp-contract=off).
+// Element loads and arithmetic of the kernels that compute in FP32 (FP64 for double) without matrix cores:
+// pooling and the int8 epilogue must equal the CPU route's bits, so their products are never contracted into
+// an FMA (the CPU loops round the product and the sum separately; nvcc honours the _rn intrinsics, hipcc
+// contracts unless told not to, g++ in the HIP CPU build runs with -ffp-contract=off). Grouped convolution
+// sums with fused multiply-adds (fma_rn), as the CPU route's vector loops do.
 #pragma once
 #include "hip_compat.h"
 
@@ -31,6 +32,22 @@ __device__ __forceinline__ double mul_add_rn(double a, double b, double c) {
 #else
 #pragma clang fp contract(off)
   return a * b + c;
+#endif
+}
+
+// a * b + c rounded once: one FMA instruction on the GPU (two, a multiply and an add, with mul_add_rn).
+__device__ __forceinline__ float fma_rn(float a, float b, float c) {
+#if defined(SPCONV_CUDA)
+  return __fmaf_rn(a, b, c);
+#else
+  return fmaf(a, b, c);
+#endif
+}
+__device__ __forceinline__ double fma_rn(double a, double b, double c) {
+#if defined(SPCONV_CUDA)
+  return __fma_rn(a, b, c);
+#else
+  return fma(a, b, c);
 #endif
 }
 
