@@ -53,6 +53,16 @@ x = torch.randn(len(big), 128, requires_grad=True)
 y = layer(spconv.SparseConvTensor(x, big, [48] * 3, 1)).features
 y.backward(torch.randn_like(y))
 out["depthwise_streamed"] = [y.detach(), x.grad, layer.weight.grad]
+# Weight layouts of 4-byte elements (whole 16 x 16 tiles through registers, and the edges): raw bits, NaN
+# payloads included, next to the permute they stand for.
+bits = torch.randint(-2**31, 2**31 - 1, (40, 3, 3, 3, 33), dtype=torch.int32)
+f = torch.ops.spconv.weight_to_filters(bits.view(torch.float32), 2)
+small = bits[:17, ..., :19].contiguous()
+out["weight_layout"] = [
+    f.view(torch.int32), bits.reshape(2, 20, 27, 33).permute(2, 0, 3, 1).contiguous(),
+    torch.ops.spconv.filters_to_weight(f, [3, 3, 3]).view(torch.int32), bits,
+    torch.ops.spconv.weight_to_filters(small.view(torch.float32), 1).view(torch.int32),
+    small.reshape(1, 17, 27, 19).permute(2, 0, 3, 1).contiguous()]
 out["cpu_isa"] = _backend.build_info()["cpu_isa"]
 torch.save(out, sys.argv[1])
 """
@@ -80,7 +90,11 @@ def test_instruction_set_paths_agree(tmp_path):
     # 32). The wide-group forward (at least 16 channels per group) buckets the pairs by offset on both: the same
     # chains (groups2_wide's output).
     same_bits = {"depthwise": 4, "depthwise_streamed": 3, "gemm_subm": 2, "gemm_strided": 3, "gemm_cout8": 2,
-                 "groups2_wide": 1}
+                 "groups2_wide": 1, "weight_layout": 6}
+    for res in (best, avx2, generic):  # the layouts move bits: each equals its permute, and its inverse the weight
+        layout = res["weight_layout"]
+        assert torch.equal(layout[0], layout[1]) and torch.equal(layout[2], layout[3])
+        assert torch.equal(layout[4], layout[5])
     for name in best:
         for i, (a, b, c) in enumerate(zip(best[name], avx2[name], generic[name])):
             if i < same_bits.get(name, 0):
