@@ -13,7 +13,7 @@
 // (the glue rejects such tables before launching).
 #include "hip_compat.h"
 
-#include <algorithm>
+#include <initializer_list>
 
 #include "exact_math.h"
 #include "launchers.h"
@@ -181,11 +181,12 @@ __global__ void grouped_dfilter_reduce_kernel(const typename AccOf<T>::type* __r
 // The widest V (16 bytes at most) that divides `along` (the columns a thread's V elements run through: cog, or
 // the groups of a depthwise layer) and to whose size every vector-accessed pointer is aligned.
 template <typename T>
-int pick_vector(int64_t along, const void* p, const void* q) {
+int pick_vector(int64_t along, std::initializer_list<const void*> pointers) {
   for (int v = static_cast<int>(16 / sizeof(T)); v > 1; v /= 2) {
     const uintptr_t bytes = static_cast<uintptr_t>(v) * sizeof(T);
-    if (along % v == 0 && reinterpret_cast<uintptr_t>(p) % bytes == 0 && reinterpret_cast<uintptr_t>(q) % bytes == 0)
-      return v;
+    bool aligned = along % v == 0;
+    for (const void* p : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(p) % bytes == 0;
+    if (aligned) return v;
   }
   return 1;
 }
@@ -234,8 +235,7 @@ int launch_forward(const void* x, const void* w, const int32_t* nbr, int64_t n_r
   static constexpr Fn kernels[2][4] = SPCONV_VECTOR_TABLE(forward_with, T);
   const bool depthwise = cig == 1 && cog == 1;
   // Depthwise: x, w and y move V columns at a time; else w and y (x one value at a time).
-  const int v = depthwise ? std::min(pick_vector<T>(groups, x, w), pick_vector<T>(groups, y, y))
-                          : pick_vector<T>(cog, w, y);
+  const int v = depthwise ? pick_vector<T>(groups, {x, w, y}) : pick_vector<T>(cog, {w, y});
   return kernels[depthwise][vector_index(v)](x, w, nbr, n_rows, kvol, n_src, groups, cig, cog, y, s);
 }
 
@@ -248,7 +248,7 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* nbr_t, int64_t 
   static constexpr Fn kernels[2][4] = SPCONV_VECTOR_TABLE(dfilter_with, T);
   const bool depthwise = cig == 1 && cog == 1;
   // Depthwise: x and dy are read V columns at a time; else dy only.
-  const int v = depthwise ? pick_vector<T>(groups, x, dy) : pick_vector<T>(cog, dy, dy);
+  const int v = depthwise ? pick_vector<T>(groups, {x, dy}) : pick_vector<T>(cog, {dy});
   SPCONV_RETURN_IF_ERROR(
       kernels[depthwise][vector_index(v)](x, dy, nbr_t, n_in, kvol, n_dst, groups, cig, cog, splits, ws, s));
   const int64_t numel = kvol * groups * cig * cog;
