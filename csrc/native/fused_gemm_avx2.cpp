@@ -100,41 +100,48 @@ SPCONV_TARGET_AVX2 void columns(const float* x, int64_t cin, const int32_t* gath
 
 // ---- the filter gradient ----
 
-// dw rows [c0, c0 + rows) x columns [j0, j0 + 8 * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
+// dw rows [c0, c0 + R) x columns [j0, j0 + 8 * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
 // pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`): the
-// AVX-512 kernel's chains, so both give the same bits. 6 x 2 accumulators, 2 dy vectors, 1 broadcast.
-template <int NV>
+// AVX-512 kernel's chains, so both give the same bits. R x NV accumulators (up to 6 x 2), NV dy vectors, 1
+// broadcast; R a constant as in the AVX-512 tile.
+template <int NV, int R>
 SPCONV_TARGET_AVX2 void dw_tile(const float* x, int64_t ldx, const float* dy, int64_t ldy, int64_t cout,
-                                const int32_t* in, const int32_t* out, int64_t m, int64_t c0, int64_t rows, int64_t j0,
-                                bool fresh, float* dw) {
-  int64_t col[kRows];  // the channel each register row reads (the rows past `rows` repeat the first)
-  for (int i = 0; i < kRows; ++i) col[i] = c0 + (i < rows ? i : 0);
-  __m256 acc[kRows][NV];
+                                const int32_t* in, const int32_t* out, int64_t m, int64_t c0, int64_t j0, bool fresh,
+                                float* dw) {
+  __m256 acc[R][NV];
 #pragma GCC unroll 6
-  for (int i = 0; i < kRows; ++i)
+  for (int i = 0; i < R; ++i)
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v)
-      acc[i][v] = fresh || i >= rows ? _mm256_setzero_ps() : _mm256_loadu_ps(dw + col[i] * cout + j0 + 8 * v);
+      acc[i][v] = fresh ? _mm256_setzero_ps() : _mm256_loadu_ps(dw + (c0 + i) * cout + j0 + 8 * v);
+  const float* xc = x + c0;
+  const float* gc = dy + j0;
   for (int64_t p = 0; p < m; ++p) {
-    const float* xr = x + int64_t{in[p]} * ldx;
-    const float* gr = dy + int64_t{out[p]} * ldy + j0;
+    const float* xr = xc + int64_t{in[p]} * ldx;
+    const float* gr = gc + int64_t{out[p]} * ldy;
     __m256 b[NV];
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) b[v] = _mm256_loadu_ps(gr + 8 * v);
 #pragma GCC unroll 6
-    for (int i = 0; i < kRows; ++i) {
-      const __m256 a = _mm256_broadcast_ss(xr + col[i]);
+    for (int i = 0; i < R; ++i) {
+      const __m256 a = _mm256_broadcast_ss(xr + i);
 #pragma GCC unroll 2
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(a, b[v], acc[i][v]);
     }
   }
 #pragma GCC unroll 6
-  for (int i = 0; i < kRows; ++i) {
-    if (i >= rows) break;
+  for (int i = 0; i < R; ++i)
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) _mm256_storeu_ps(dw + (c0 + i) * cout + j0 + 8 * v, acc[i][v]);
-  }
 }
+
+using DwTile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, const int32_t*, const int32_t*, int64_t,
+                        int64_t, int64_t, bool, float*);
+// [R - 1]: the tiles of R channels and two vectors, and of one vector.
+constexpr DwTile kDwTiles2[] = {dw_tile<2, 1>, dw_tile<2, 2>, dw_tile<2, 3>,
+                                dw_tile<2, 4>, dw_tile<2, 5>, dw_tile<2, 6>};
+constexpr DwTile kDwTiles1[] = {dw_tile<1, 1>, dw_tile<1, 2>, dw_tile<1, 3>,
+                                dw_tile<1, 4>, dw_tile<1, 5>, dw_tile<1, 6>};
 
 }  // namespace
 
@@ -143,10 +150,11 @@ void fused_weight_grad_avx2(const float* x, int64_t ldx, int64_t cin, const floa
   auto tile = [&](int64_t p0, int64_t n, int64_t c0, int64_t rows, bool fresh) {
     int64_t j0 = 0;
     for (; j0 + 16 <= cout; j0 += 16)
-      dw_tile<2>(x, ldx, dy, ldy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
-    if (cout - j0 >= 8) dw_tile<1>(x, ldx, dy, ldy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
+      kDwTiles2[rows - 1](x, ldx, dy, ldy, cout, in + p0, out + p0, n, c0, j0, fresh, dw);
+    if (cout - j0 >= 8) kDwTiles1[rows - 1](x, ldx, dy, ldy, cout, in + p0, out + p0, n, c0, j0, fresh, dw);
   };
-  weight_grad_loop(cin, cout, m, accumulate, kRows, dw, tile);
+  const WeightGradAhead<float> ahead{x, ldx, cin, dy, ldy, cout, in, out};
+  weight_grad_loop(cin, cout, m, accumulate, kRows, dw, tile, ahead);
 }
 
 void fused_gather_gemm_scatter_avx2(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,

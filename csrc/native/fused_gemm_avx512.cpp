@@ -3,6 +3,8 @@
 #include "weight_grad_loop.h"
 
 #include <algorithm>
+#include <array>
+#include <utility>
 
 #if SPCONV_HAVE_AVX2_PATH
 #include <immintrin.h>
@@ -108,50 +110,62 @@ void gather_gemm_scatter_columns(const T* x, int64_t cin, const int32_t* gather,
 
 // ---- the filter gradient ----
 
-// dw rows [c0, c0 + rows) x columns [j0, j0 + lanes * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
-// pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`).
-template <typename T, int NV>
+// dw rows [c0, c0 + R) x columns [j0, j0 + lanes * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
+// pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`). R is a
+// constant so that a pair's R broadcasts are fixed offsets from its x row (a run-time channel list took six
+// registers and reloads from the stack in every pair), and a last tile of fewer channels computes only those.
+template <typename T, int NV, int R>
 SPCONV_TARGET_AVX512 void dw_tile(const T* x, int64_t ldx, const T* dy, int64_t ldy, int64_t cout, const int32_t* in,
-                                   const int32_t* out, int64_t m, int64_t c0, int64_t rows, int64_t j0, bool fresh,
-                                   T* dw) {
+                                   const int32_t* out, int64_t m, int64_t c0, int64_t j0, bool fresh, T* dw) {
   using S = Vec<T>;
   constexpr int L = S::kLanes;
-  int64_t col[kRows];  // the channel each register row reads (the rows past `rows` repeat the first)
-  for (int i = 0; i < kRows; ++i) col[i] = c0 + (i < rows ? i : 0);
-  typename S::V acc[kRows][NV];  // registers, as in the forward tile
-  SPCONV_UNROLL for (int i = 0; i < kRows; ++i)
+  typename S::V acc[R][NV];  // registers, as in the forward tile
+  SPCONV_UNROLL for (int i = 0; i < R; ++i)
     SPCONV_UNROLL for (int v = 0; v < NV; ++v)
-      acc[i][v] = fresh || i >= rows ? S::zero() : S::load(dw + col[i] * cout + j0 + L * v);
+      acc[i][v] = fresh ? S::zero() : S::load(dw + (c0 + i) * cout + j0 + L * v);
+  const T* xc = x + c0;
+  const T* gc = dy + j0;
   for (int64_t p = 0; p < m; ++p) {
-    const T* xr = x + int64_t{in[p]} * ldx;
-    const T* gr = dy + int64_t{out[p]} * ldy + j0;
+    const T* xr = xc + int64_t{in[p]} * ldx;
+    const T* gr = gc + int64_t{out[p]} * ldy;
     typename S::V b[NV];
     SPCONV_UNROLL for (int v = 0; v < NV; ++v) b[v] = S::load(gr + L * v);
-    SPCONV_UNROLL for (int i = 0; i < kRows; ++i) {
-      const typename S::V a = S::set1(xr[col[i]]);
+    SPCONV_UNROLL for (int i = 0; i < R; ++i) {
+      const typename S::V a = S::set1(xr[i]);
       SPCONV_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = S::fmadd(a, b[v], acc[i][v]);
     }
   }
-  SPCONV_UNROLL for (int i = 0; i < kRows; ++i) {
-    if (i >= rows) break;
+  SPCONV_UNROLL for (int i = 0; i < R; ++i)
     SPCONV_UNROLL for (int v = 0; v < NV; ++v) S::store(dw + (c0 + i) * cout + j0 + L * v, acc[i][v]);
-  }
+}
+
+using std::index_sequence;
+template <typename T>
+using DwTile = void (*)(const T*, int64_t, const T*, int64_t, int64_t, const int32_t*, const int32_t*, int64_t,
+                        int64_t, int64_t, bool, T*);
+template <typename T, int R, std::size_t... V>
+constexpr std::array<DwTile<T>, kMaxVectors> dw_tiles_of_rows(index_sequence<V...>) {
+  return {dw_tile<T, static_cast<int>(V) + 1, R>...};
+}
+// [R - 1][NV - 1]: the tile of R channels and NV vectors.
+template <typename T, std::size_t... R>
+constexpr std::array<std::array<DwTile<T>, kMaxVectors>, kRows> dw_tiles(index_sequence<R...>) {
+  return {dw_tiles_of_rows<T, static_cast<int>(R) + 1>(std::make_index_sequence<kMaxVectors>())...};
 }
 
 template <typename T>
 void weight_grad_tiles(const T* x, int64_t ldx, int64_t cin, const T* dy, int64_t ldy, int64_t cout,
                        const int32_t* in, const int32_t* out, int64_t m, bool accumulate, T* dw) {
-  using DwTile = void (*)(const T*, int64_t, const T*, int64_t, int64_t, const int32_t*, const int32_t*, int64_t,
-                          int64_t, int64_t, int64_t, bool, T*);
-  constexpr DwTile kDwTiles[] = {dw_tile<T, 1>, dw_tile<T, 2>, dw_tile<T, 3>, dw_tile<T, 4>};
+  static constexpr auto kDwTiles = dw_tiles<T>(std::make_index_sequence<kRows>());
   constexpr int64_t L = Vec<T>::kLanes, kPass = L * kMaxVectors;
   auto tile = [&](int64_t p0, int64_t n, int64_t c0, int64_t rows, bool fresh) {
     for (int64_t j0 = 0; j0 < cout; j0 += kPass) {
       const int64_t nv = std::min(kPass, cout - j0) / L;
-      kDwTiles[nv - 1](x, ldx, dy, ldy, cout, in + p0, out + p0, n, c0, rows, j0, fresh, dw);
+      kDwTiles[rows - 1][nv - 1](x, ldx, dy, ldy, cout, in + p0, out + p0, n, c0, j0, fresh, dw);
     }
   };
-  weight_grad_loop(cin, cout, m, accumulate, kRows, dw, tile);
+  const WeightGradAhead<T> ahead{x, ldx, cin, dy, ldy, cout, in, out};
+  weight_grad_loop(cin, cout, m, accumulate, kRows, dw, tile, ahead);
 }
 
 }  // namespace
