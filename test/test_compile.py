@@ -119,3 +119,21 @@ def test_bitwise_inductor_reaches_a_table_copied_by_an_earlier_compile():
     with deploy.bitwise_inductor():
         assert op not in select_decomp_table()
     assert op in select_decomp_table()
+
+
+def test_compiled_dense_matches_eager_with_its_gradient():
+    torch._dynamo.reset()
+    feats, idx = _inputs(seed=3)
+
+    def to_dense(f, i):
+        return spconv.SparseConvTensor(f, i, SHAPE, 2).dense()
+
+    compiled = torch.compile(to_dense, backend="aot_eager", fullgraph=True)
+    grad = torch.randn(2, 3, *SHAPE)
+    results = []
+    for fn in (to_dense, compiled):
+        f = feats.clone().requires_grad_()
+        out = fn(f, idx)
+        out.backward(grad)
+        results.append((out, f.grad))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])

@@ -181,6 +181,34 @@ def test_bias_and_activation_train_and_eval():
         spconv.SubMConv3d(4, 6, 3, act_type="Swish")
 
 
+@pytest.mark.parametrize("ndim,shape,batch", [(1, [11], 3), (2, [5, 7], 2), (3, [4, 6, 5], 3), (4, [3, 4, 2, 5], 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+def test_dense_writes_each_row_at_its_site_and_zero_elsewhere(ndim, shape, batch, dtype):
+    x = random_sparse(ndim, shape, batch, 6, density=0.3, seed=ndim)
+    x = x.replace_feature((x.features * 100).to(dtype))
+    want = torch.zeros([batch, 6] + shape, dtype=dtype)
+    for row, site in zip(x.features, x.indices.long().tolist()):  # one row at a time: nothing shared with dense()
+        want[(site[0], slice(None), *site[1:])] = row
+    got = x.dense()
+    assert got.is_contiguous() and torch.equal(got, want)
+    assert torch.equal(x.dense(channels_first=False), want.movedim(1, -1))
+
+
+def test_dense_gradient_is_the_dense_gradient_at_each_row():
+    x = random_sparse(3, [4, 6, 5], 2, 5, density=0.3, seed=3, dtype=torch.float64)
+    feats = x.features.clone().requires_grad_()
+    g = torch.randn([2, 5, 4, 6, 5], dtype=torch.float64)
+    (x.replace_feature(feats).dense() * g).sum().backward()
+    idx = x.indices.long()
+    assert torch.equal(feats.grad, g[idx[:, 0], :, idx[:, 1], idx[:, 2], idx[:, 3]])
+    empty = spconv.SparseConvTensor(torch.zeros(0, 5, requires_grad=True), torch.zeros(0, 4, dtype=torch.int32),
+                                    [4, 6, 5], 2)
+    d = empty.dense()
+    assert d.shape == (2, 5, 4, 6, 5) and not d.any()
+    d.sum().backward()
+    assert empty.features.grad.shape == (0, 5)
+
+
 def test_sparse_conv_tensor_api():
     x = _scene(seed=12)
     assert x.spatial_size == 8 * 9 * 7
