@@ -315,7 +315,7 @@ def test_gemm_floor_note():
 
 def test_cli_defaults():
     args = parse_args([])
-    assert pick_workloads(args) == ["basic", "layers", "indices"]
+    assert pick_workloads(args) == ["basic", "layers", "indices", "backbone"]
     assert pick_dtypes(args, torch.device("cpu")) == ["fp32"]
     assert "large" in pick_workloads(parse_args(["--full"]))
     assert "large" in pick_workloads(parse_args(["--points", "x.npz"]))
@@ -390,7 +390,7 @@ def test_quick_run_end_to_end(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
-    for section in ("== basic", "== layers", "== indices", "== correctness", "== per layer"):
+    for section in ("== basic", "== layers", "== indices", "== backbone", "== correctness", "== per layer"):
         assert section in text
     check_lines = [ln for ln in text.splitlines() if ln.startswith(("PASS", "FAIL"))]
     assert check_lines and all(ln.startswith("PASS") for ln in check_lines)
@@ -399,7 +399,10 @@ def test_quick_run_end_to_end(tmp_path):
     assert {c["workload"] for c in data["checks"]} >= {"basic", "layers", "indices"}
     assert any("dense" in c["what"] for c in data["checks"] if c["workload"] == "basic")
     passes = {(m["workload"], m["pass_name"]) for m in data["measurements"]}
-    assert {("basic", "forward"), ("basic", "forward_backward"), ("layers", "forward")} <= passes
+    assert {("basic", "forward"), ("basic", "forward_backward"), ("layers", "forward"), ("backbone", "forward"),
+            ("backbone", "forward_backward")} <= passes
+    backbone = [m for m in data["measurements"] if m["workload"] == "backbone"]
+    assert all(m["flops"] > 0 and m["median_ms"] > 0 and "VoxelBackBone8x" in m["case"] for m in backbone)
     assert any(k.startswith("FMA loop") for k in data["meta"]["peak_sources"]["cpu/fp32"])
     fwd = next(m for m in data["measurements"] if m["workload"] == "basic" and m["pass_name"] == "forward")
     assert fwd["flops"] > 0 and fwd["mm_ms"] > 0 and len(fwd["samples_ms"]) == fwd["iters"]

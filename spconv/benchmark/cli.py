@@ -19,14 +19,14 @@ from spconv.benchmark.progress import iterate
 from spconv.benchmark.results import Check, Record
 from spconv.benchmark.routes import chosen_route_name
 from spconv.benchmark.timing import Plan, busy_load, default_plan
-from spconv.benchmark.workloads import basic, indices, layers
+from spconv.benchmark.workloads import backbone, basic, indices, layers
 from spconv.benchmark.workloads.common import DTYPES, Context
 
 # Settings read from the environment that change which code runs or how fast (recorded in the command line).
 ENV_VARS = ("SPCONV_FORCE_NATIVE", "SPCONV_CPU_ISA", "SPCONV_FUSED_CPU_GEMM", "MKL_ENABLE_INSTRUCTIONS",
             "THP_MEM_ALLOC_ENABLE", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
-WORKLOADS = ("basic", "large", "layers", "indices")
+WORKLOADS = ("basic", "large", "layers", "indices", "backbone")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -35,7 +35,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small scan and sweep (a smoke run, seconds)")
     p.add_argument("--full", action="store_true", help="everything: large, 1e6-voxel layers, all dtypes, all routes")
     p.add_argument("--workloads", default=None,
-                   help=f"comma list of {','.join(WORKLOADS)} (default: basic,layers,indices; --full and --points "
+                   help=f"comma list of {','.join(WORKLOADS)} (default: basic,layers,indices,backbone; --full and --points "
                         "add large)")
     p.add_argument("--data", metavar="FILE.npz", help="voxelized scan for basic: features, indices, spatial_shape")
     p.add_argument("--points", metavar="FILE.npz", help="raw sweep (pc [N, 3]) for large: stacked x8, voxelized")
@@ -79,7 +79,7 @@ def pick_workloads(args) -> List[str]:
         if bad:
             raise SystemExit(f"--workloads: unknown {bad}; choose from {list(WORKLOADS)}")
         return names
-    names = ["basic", "layers", "indices"]
+    names = ["basic", "layers", "indices", "backbone"]
     if args.full or args.points:
         names.insert(1, "large")
     return names
@@ -141,7 +141,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     tasks = []
     for w in workloads:
         tasks += {"basic": lambda: basic.tasks(ctx, "basic"), "large": lambda: basic.tasks(ctx, "large"),
-                  "layers": lambda: layers.tasks(ctx), "indices": lambda: indices.tasks(ctx)}[w]()
+                  "layers": lambda: layers.tasks(ctx), "indices": lambda: indices.tasks(ctx),
+                  "backbone": lambda: backbone.tasks(ctx)}[w]()
     if args.compare and "basic" not in workloads:
         raise SystemExit("--compare runs the basic workload: include it in --workloads")
     if args.busy:
