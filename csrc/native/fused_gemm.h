@@ -11,7 +11,8 @@
 namespace spconv {
 namespace native {
 
-// AVX-512 (cout a multiple of 16 floats or 8 doubles): tiles of 6 pairs x 4 vectors of channels.
+// AVX-512 (cout a multiple of 16 floats or 8 doubles): tiles of 6 pairs x 4 vectors of channels (a narrower last
+// pass: 8 pairs x 3 vectors, 12 x 2, 6 x 1).
 void fused_gather_gemm_scatter_avx512(const float* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
                                       int64_t m, const float* w, int64_t cout, float* y);
 void fused_gather_gemm_scatter_avx512(const double* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
