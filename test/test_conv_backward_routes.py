@@ -72,3 +72,56 @@ def test_backward_routes(case, dtype):
     tol = 1e-4 if dtype == torch.float32 else 1e-10
     torch.testing.assert_close(dx1.double(), rdx, atol=tol * rdx.abs().max().item(), rtol=tol)
     torch.testing.assert_close(dw1.double(), rdw, atol=tol * rdw.abs().max().item(), rtol=tol)
+
+
+def _subm_pairs(ind, shape, ksize):
+    pad = [k // 2 for k in ksize]
+    return ops.get_indice_pairs(ind, 1, shape, shape, ksize, [1, 1, 1], pad, [1, 1, 1], True, False)
+
+
+def test_map_info_says_which_maps_are_mirrored():
+    ind = _voxels([12, 12, 12], 500, seed=4)
+    assert _subm_pairs(ind, [12, 12, 12], [3, 3, 3])[4][-1].item() == 3  # repeat-free and mirrored
+    assert _subm_pairs(ind, [12, 12, 12], [3, 1, 5])[4][-1].item() == 3
+    assert _subm_pairs(ind, [12, 12, 12], [3, 2, 3])[4][-1].item() == 1  # an even size: no mirror offset
+    strided = ops.get_indice_pairs(ind, 1, [12, 12, 12], [6, 6, 6], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1],
+                                   False, False)
+    assert strided[4][-1].item() == 1
+    # The mirror, checked: offset k's pairs are offset kvol - 1 - k's with the sides swapped.
+    _, pin, pout, poff, _, _ = _subm_pairs(ind, [12, 12, 12], [3, 1, 5])
+    kvol = poff.numel() - 1
+    for k in range(kvol):
+        m = kvol - 1 - k
+        a = set(zip(pin[poff[k]:poff[k + 1]].tolist(), pout[poff[k]:poff[k + 1]].tolist()))
+        b = set(zip(pout[poff[m]:poff[m + 1]].tolist(), pin[poff[m]:poff[m + 1]].tolist()))
+        assert a == b, k
+
+
+@pytest.mark.parametrize("case", ["large_subm_fused", "large_subm_vendor", "small_subm"])
+def test_mirrored_map_backward(case):
+    """With the map's record (mirrored), an offset whose input rows don't ascend takes its mirror's pairs instead
+    of a copy. dX sums the same products in the same order (same bits); in the row-block route dW sums a bucket's
+    pairs by input row instead of by output row (FP32 rounding, still the same bits for 1 and 2 threads)."""
+    p = CASES[case]
+    ind = _voxels(p["shape"], p["n"], seed=3)  # rows in random order: the input side of every offset is unsorted
+    _, pin, pout, poff, info, _ = _subm_pairs(ind, p["shape"], [3, 3, 3])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(p["n"], p["c_in"], generator=g)
+    w = torch.randn(27, p["c_in"], p["c_out"], generator=g)
+    dy = torch.randn(p["n"], p["c_out"], generator=g)
+    plain = _backward(x, w, dy, pin, pout, poff, 2)
+    saved = torch.get_num_threads()
+    runs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            runs.append(ops.indice_conv_backward(x, w, dy, pin, pout, poff, info))
+        finally:
+            torch.set_num_threads(saved)
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    dx, dw = runs[0]
+    assert torch.equal(dx, plain[0])
+    rdx, rdw = _reference(x, w, dy, pin, pout, poff)
+    assert ((dw.double() - rdw).norm() / rdw.norm()).item() < 1e-5
+    if case == "small_subm":  # the separate route: dW does not go through the row blocks
+        assert torch.equal(dw, plain[1])

@@ -132,7 +132,8 @@ std::vector<char> identity_offsets(const int32_t* gather, const int32_t* scatter
 }  // namespace
 
 void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool transpose_w,
-                         const int32_t* gather, const int32_t* scatter, const int64_t* offsets, at::Tensor& dst) {
+                         const int32_t* gather, const int32_t* scatter, const int64_t* offsets, at::Tensor& dst,
+                         bool mirrored) {
   if (!transpose_w && src.size(1) <= kDirectMaxInChannels) {
     direct_conv_forward(src, weights, gather, scatter, offsets, dst);
     return;
@@ -145,7 +146,8 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
   std::vector<at::Tensor> w(kvol);
   for (int64_t k = 0; k < kvol; ++k) w[k] = transpose_w ? weights[k].t() : weights[k];
   const RowBlocks blocks = bucket_by_row_block(scatter, gather, offsets, kvol, identity, n_dst,
-                                               cache_block_rows(n_dst, c_dst, src.element_size(), forward_min_blocks()));
+                                               cache_block_rows(n_dst, c_dst, src.element_size(), forward_min_blocks()),
+                                               mirrored);
   // Pair density varies a lot across a scan's rows: hand the blocks out by their pair counts.
   std::vector<int64_t> work(blocks.n_blocks);
   for (int64_t b = 0; b < blocks.n_blocks; ++b) work[b] = blocks.pairs(b);
@@ -282,14 +284,15 @@ void fused_backward_blocks(const T* x, int64_t c_in, const T* dy, int64_t c_out,
 // rows straight into the multiply; otherwise the vendor GEMM runs on gathered chunks.
 void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
                             const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
-                            const std::vector<char>& identity, int64_t n_groups, bool fused_kernels, at::Tensor& dx,
-                            at::Tensor& dw) {
+                            const std::vector<char>& identity, int64_t n_groups, bool fused_kernels, bool mirrored,
+                            at::Tensor& dx, at::Tensor& dw) {
   const int64_t kvol = weights.size(0), c_in = x.size(1), c_out = dy.size(1), n_in = x.size(0);
   const int64_t rows = chunk_rows(std::max(c_in, c_out));
   std::vector<at::Tensor> wt(kvol);
   for (int64_t k = 0; k < kvol; ++k) wt[k] = weights[k].t();
   const RowBlocks blocks = bucket_by_row_block(pair_in, pair_out, offsets, kvol, identity, n_in,
-                                               cache_block_rows(n_in, std::max(c_in, c_out), x.element_size()));
+                                               cache_block_rows(n_in, std::max(c_in, c_out), x.element_size()),
+                                               mirrored);
   int64_t identity_rows = 0;
   for (int64_t k = 0; k < kvol; ++k) identity_rows += identity[k] ? 1 : 0;
   std::vector<int64_t> cum(blocks.n_blocks + 1, 0);  // pairs (identity rows included) before each block
@@ -378,7 +381,7 @@ void backward_by_row_blocks(const at::Tensor& x, const at::Tensor& weights, cons
 
 void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights, const at::Tensor& dy,
                                   const int32_t* pair_in, const int32_t* pair_out, const int64_t* offsets,
-                                  at::Tensor& dx, at::Tensor& dw) {
+                                  at::Tensor& dx, at::Tensor& dw, bool mirrored) {
   if (x.size(1) <= kDirectMaxInChannels) {
     direct_conv_backward(x, weights, dy, pair_in, pair_out, offsets, dx, dw);
     return;
@@ -403,12 +406,13 @@ void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights
   const bool fused_separate =
       fused_kernels && (x.numel() + dy.numel()) * x.element_size() <= kFusedBackwardBytes;
   if (!fused_separate && groups >= kMinGroups && pairs >= kPairsPerPartialEntry * kvol * groups) {
-    backward_by_row_blocks(x, weights, dy, pair_in, pair_out, offsets, identity, groups, fused_kernels, dx, dw);
+    backward_by_row_blocks(x, weights, dy, pair_in, pair_out, offsets, identity, groups, fused_kernels, mirrored, dx,
+                           dw);
     return;
   }
   // dX is the forward of dY with W^T over the reversed pairs (blocked by input rows); dW goes split-K over
   // the pairs, so neither limits the other's parallelism.
-  gather_gemm_scatter(dy, weights, /*transpose_w=*/true, pair_out, pair_in, offsets, dx);
+  gather_gemm_scatter(dy, weights, /*transpose_w=*/true, pair_out, pair_in, offsets, dx, mirrored);
   weight_grad(x, dy, pair_in, pair_out, offsets, identity, dw);
 }
 

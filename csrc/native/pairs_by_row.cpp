@@ -48,7 +48,7 @@ PairsByRow group_serial(const int32_t* key, const int32_t* other, const int64_t*
 PairsByRow group_by_blocks(const int32_t* key, const int32_t* other, const int64_t* offsets, int64_t kvol,
                            int64_t rows) {
   const RowBlocks blocks = bucket_by_row_block(key, other, offsets, kvol, std::vector<char>(kvol, 0), rows, kBlockRows,
-                                               /*parallel_copy_pairs=*/0);
+                                               /*mirrored=*/false, /*parallel_copy_pairs=*/0);
   std::vector<int64_t> base(blocks.n_blocks + 1, 0);  // the block's first slot
   for (int64_t b = 0; b < blocks.n_blocks; ++b) base[b + 1] = base[b] + blocks.pairs(b);
   PairsByRow g;

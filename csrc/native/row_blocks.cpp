@@ -18,7 +18,7 @@ bool ascends(const int32_t* v, int64_t n) {
 }  // namespace
 
 RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const int64_t* offsets, int64_t kvol,
-                              const std::vector<char>& identity, int64_t n_rows, int64_t block_rows,
+                              const std::vector<char>& identity, int64_t n_rows, int64_t block_rows, bool mirrored,
                               int64_t parallel_copy_pairs) {
   RowBlocks d;
   d.rows = block_rows;
@@ -29,23 +29,32 @@ RowBlocks bucket_by_row_block(const int32_t* key, const int32_t* other, const in
   d.first.assign(d.n_blocks * kvol, 0);
   d.last.assign(d.n_blocks * kvol, 0);
   d.copied.assign(kvol, 0);
-  // Each offset either ascends (its buckets are ranges of the pair list, found by binary search) or is marked
-  // for copying. Offsets are independent, and the check reads every pair: in parallel once the pairs are many.
+  d.swapped.assign(kvol, 0);
+  // Each offset either ascends (its buckets are ranges of the pair list, found by binary search), or its mirror's
+  // other side does (ranges of that list), or it is marked for copying. Offsets are independent, and the check
+  // reads every pair: in parallel once the pairs are many.
   const int64_t grain = offsets[kvol] - offsets[0] >= parallel_copy_pairs ? 1 : kvol;
   at::parallel_for(0, kvol, grain, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       if (identity[k]) continue;
-      const int32_t* kk = key + offsets[k];
-      const int64_t n = offsets[k + 1] - offsets[k];
+      const int64_t n = offsets[k + 1] - offsets[k], m = kvol - 1 - k;
+      int64_t start = offsets[k];
+      const int32_t* kk = key + start;
       if (!ascends(kk, n)) {
-        d.copied[k] = 1;
-        continue;
+        if (mirrored && offsets[m + 1] - offsets[m] == n && ascends(other + offsets[m], n)) {
+          d.swapped[k] = 1;
+          start = offsets[m];
+          kk = other + start;
+        } else {
+          d.copied[k] = 1;
+          continue;
+        }
       }
       int64_t p = 0;
       for (int64_t b = 0; b < d.n_blocks; ++b) {
-        d.first[b * kvol + k] = offsets[k] + p;
+        d.first[b * kvol + k] = start + p;
         p = std::lower_bound(kk + p, kk + n, static_cast<int32_t>(std::min(n_rows, (b + 1) * block_rows))) - kk;
-        d.last[b * kvol + k] = offsets[k] + p;
+        d.last[b * kvol + k] = start + p;
       }
     }
   });

@@ -137,8 +137,10 @@ void check_pair_layout_host(const int64_t* offsets, int64_t kvol, int64_t npairs
                     "): min ", extremes[2], ", max ", extremes[3]);
 }
 
-at::Tensor make_map_info(const at::Tensor& offsets_host, int64_t in_rows, int64_t out_rows, bool repeat_free) {
-  at::Tensor extras = at::tensor({in_rows, out_rows, int64_t{repeat_free}}, at::dtype(at::kLong));
+at::Tensor make_map_info(const at::Tensor& offsets_host, int64_t in_rows, int64_t out_rows, bool repeat_free,
+                         bool mirrored) {
+  const int64_t flags = (repeat_free ? kMapRepeatFree : 0) | (mirrored ? kMapMirrored : 0);
+  at::Tensor extras = at::tensor({in_rows, out_rows, flags}, at::dtype(at::kLong));
   return at::cat({offsets_host.to(at::kLong).reshape({-1}), extras});
 }
 
@@ -155,7 +157,9 @@ std::optional<MapInfo> read_map_info(const std::optional<at::Tensor>& map_info, 
   const int64_t in_rows = h[kvol + 1], out_rows = h[kvol + 2];
   TORCH_CHECK_VALUE(in_rows >= 0 && out_rows >= 0, "map_info row counts must be >= 0, got ", in_rows, " and ",
                     out_rows);
-  return MapInfo{c.narrow(0, 0, kvol + 1), in_rows, out_rows, h[kvol + 3] != 0};
+  const int64_t flags = h[kvol + 3];
+  return MapInfo{c.narrow(0, 0, kvol + 1), in_rows, out_rows, (flags & kMapRepeatFree) != 0,
+                 (flags & kMapMirrored) != 0};
 }
 
 HostPairOffsets check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
@@ -166,7 +170,7 @@ HostPairOffsets check_pair_rows(const at::Tensor& pair_in, const at::Tensor& pai
     TORCH_CHECK_VALUE(npairs == 0 || (info->in_rows <= num_in && info->out_rows <= num_out), "map_info says ",
                       "the pairs index ", info->in_rows, " input and ", info->out_rows, " output rows, but there are ",
                       num_in, " and ", num_out);
-    return {info->offsets, at::Tensor(), info->repeat_free};
+    return {info->offsets, at::Tensor(), info->repeat_free, info->mirrored};
   }
   std::vector<at::Tensor> parts{pair_offsets.contiguous()};
   if (extra.defined()) parts.push_back(extra.to(at::kLong).reshape({-1}));

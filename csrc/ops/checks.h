@@ -47,16 +47,19 @@ void check_pair_layout_host(const int64_t* offsets, int64_t kvol, int64_t npairs
 
 // map_info: what get_indice_pairs knows of the map it built, on the host, so that the ops using the map need no
 // device->host copy to check it. int64 [kvol + 4] on the CPU: pair_offsets, then in_rows and out_rows (every
-// pair_in < in_rows, every pair_out < out_rows) and repeat_free (1: no row repeats within one offset on either
-// side, i.e. no duplicate input coordinates). An op given map_info trusts it to describe its pairs (and, for
-// indice_avgpool_backward, `count` to be indice_avgpool's over the same map): it checks only what the host can.
+// pair_in < in_rows, every pair_out < out_rows) and flags: 1 = repeat_free (no row repeats within one offset on
+// either side, i.e. no duplicate input coordinates), 2 = mirrored (offset k's pairs are offset kvol - 1 - k's with
+// the sides swapped: a SubM map of odd kernel sizes). An op given map_info trusts it to describe its pairs (and,
+// for indice_avgpool_backward, `count` to be indice_avgpool's over the same map): it checks only what the host can.
 constexpr int64_t kMapInfoExtras = 3;
+constexpr int64_t kMapRepeatFree = 1, kMapMirrored = 2;
 struct MapInfo {
   at::Tensor offsets;  // int64 [kvol + 1] on the CPU (a view of map_info)
   int64_t in_rows, out_rows;
-  bool repeat_free;
+  bool repeat_free, mirrored;
 };
-at::Tensor make_map_info(const at::Tensor& offsets_host, int64_t in_rows, int64_t out_rows, bool repeat_free);
+at::Tensor make_map_info(const at::Tensor& offsets_host, int64_t in_rows, int64_t out_rows, bool repeat_free,
+                         bool mirrored = false);
 // Checks map_info's dtype, device, size and layout against kvol and the number of pairs (host only; npairs < 0:
 // not known to the caller).
 std::optional<MapInfo> read_map_info(const std::optional<at::Tensor>& map_info, int64_t kvol, int64_t npairs);
@@ -64,7 +67,8 @@ std::optional<MapInfo> read_map_info(const std::optional<at::Tensor>& map_info, 
 struct HostPairOffsets {
   at::Tensor offsets;  // int64 [kvol + 1] on the CPU
   at::Tensor extra;    // the host copy of `extra` (empty when none was given, or when map_info was)
-  bool repeat_free = false;  // map_info's flag (false without map_info: not known)
+  bool repeat_free = false;  // map_info's flags (false without map_info: not known)
+  bool mirrored = false;
 };
 
 // check_pair_layout_host on tensors, so a bad kernel map fails with a message instead of reading or writing
@@ -83,6 +87,14 @@ void check_filters(const at::Tensor& filters, const at::Tensor& features, int64_
 ConvGeometry check_indice_pairs_args(const at::Tensor& indices, at::IntArrayRef spatial_shape,
                                      at::IntArrayRef out_shape, at::IntArrayRef ksize, at::IntArrayRef stride,
                                      at::IntArrayRef padding, at::IntArrayRef dilation, bool subm);
+
+// Whether a SubM map of this geometry is mirrored (map_info): with odd kernel sizes, offset kvol - 1 - k is
+// offset k negated, so each neighbour pair appears once in each direction.
+inline bool subm_map_mirrored(const ConvGeometry& g) {
+  for (int d = 0; d < g.ndim; ++d)
+    if (g.ksize[d] % 2 == 0) return false;
+  return true;
+}
 
 // Pooling ops (CPU and GPU glue): features, pairs, sizes, dtypes and devices, before the pair rows are read.
 // allow_int8: a glue whose max pool forward takes int8 features (exact; no backward) says so.

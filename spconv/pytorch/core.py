@@ -23,7 +23,7 @@ def expand_nd(ndim: int, val: Union[int, List[int], tuple], name: str = "value")
 
 def make_map_info(offsets_host: torch.Tensor, in_rows: int, out_rows: int, repeat_free: bool) -> torch.Tensor:
     """The host record of a map (``get_indice_pairs``' ``map_info``, csrc/ops/checks.h): int64 on the CPU,
-    pair_offsets then in_rows, out_rows, repeat_free."""
+    pair_offsets then in_rows, out_rows and the flags (1: repeat_free; the builder may add 2: mirrored)."""
     extras = torch.tensor([int(in_rows), int(out_rows), int(bool(repeat_free))], dtype=torch.int64)
     return torch.cat([offsets_host.to(device="cpu", dtype=torch.int64).reshape(-1), extras])
 
@@ -85,7 +85,7 @@ class PairMaps:
         # True when no row repeats within one offset on either side (known for submanifold maps, and from
         # the GPU builder's info); else spconv.pytorch.pair_rounds checks once.
         if info is not None and not repeat_free and not torch.compiler.is_compiling():
-            repeat_free = bool(info.numpy()[-1])  # read from the host record without an op
+            repeat_free = bool(int(info.numpy()[-1]) & 1)  # read from the host record without an op
         self.repeat_free = bool(repeat_free)
         self.cache: Dict[str, Any] = {}
         self._reversed: Optional["PairMaps"] = None

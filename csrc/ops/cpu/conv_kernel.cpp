@@ -42,11 +42,11 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_cpu(const at::Tensor& fe
   at::Tensor w = filters.to(ct).contiguous();
   at::Tensor dy = out_grad.to(ct).contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po = pair_offsets.contiguous();
-  check_pair_rows(pin, pout, po, x.size(0), dy.size(0), map_info);
+  const bool mirrored = check_pair_rows(pin, pout, po, x.size(0), dy.size(0), map_info).mirrored;
   at::Tensor dx = empty_output(x.sizes(), x.options());  // every row is written
   at::Tensor dw = at::empty_like(w);
   native::gather_gemm_scatter_backward(x, w, dy, pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
-                                       po.const_data_ptr<int64_t>(), dx, dw);
+                                       po.const_data_ptr<int64_t>(), dx, dw, mirrored);
   return {dx.to(features.scalar_type()), dw.to(filters.scalar_type())};
 }
 

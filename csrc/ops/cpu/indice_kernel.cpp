@@ -46,7 +46,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   at::Tensor pair_out = at::empty({total}, indices.options());
   native::compact_pairs(map, map.rows_are_outputs ? map.num_out : n, g.kvol, po, std::move(block_counts),
                         pair_in.mutable_data_ptr<int32_t>(), pair_out.mutable_data_ptr<int32_t>());
-  at::Tensor map_info = make_map_info(pair_offsets, n, out_indices.size(0), map.repeat_free);
+  at::Tensor map_info = make_map_info(pair_offsets, n, out_indices.size(0), map.repeat_free,
+                                      /*mirrored=*/subm && map.repeat_free && subm_map_mirrored(g));
   // The table is handed over as it is (rows: the inputs, which for subm are the outputs).
   int32_t* raw = map.table.release();
   at::Tensor table = at::from_blob(raw, {n, g.kvol}, [](void* p) { delete[] static_cast<int32_t*>(p); },

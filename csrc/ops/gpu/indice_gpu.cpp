@@ -178,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor offsets = offsets_of(f.counts());
     compact(nbr, offsets.const_data_ptr<int64_t>()[g.kvol], /*rows_are_outputs=*/true, pair_in, pair_out);
     return {indices_arg.clone(), pair_in, pair_out, offsets_of(counts),  // outputs may not alias inputs
-            make_map_info(offsets, n, n, /*repeat_free=*/true), nbr};
+            make_map_info(offsets, n, n, /*repeat_free=*/true, subm_map_mirrored(g)), nbr};
   }
 
   at::Tensor keys = at::empty({n * g.kvol}, lopts);
