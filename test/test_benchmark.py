@@ -396,7 +396,7 @@ def test_quick_run_end_to_end(tmp_path):
     assert check_lines and all(ln.startswith("PASS") for ln in check_lines)
     data = json.loads(out.read_text())
     assert data["all_checks_passed"]
-    assert {c["workload"] for c in data["checks"]} >= {"basic", "layers", "indices"}
+    assert {c["workload"] for c in data["checks"]} >= {"basic", "layers", "indices", "backbone"}
     assert any("dense" in c["what"] for c in data["checks"] if c["workload"] == "basic")
     passes = {(m["workload"], m["pass_name"]) for m in data["measurements"]}
     assert {("basic", "forward"), ("basic", "forward_backward"), ("layers", "forward"), ("backbone", "forward"),
@@ -416,3 +416,19 @@ def test_fused_tf32_rows_say_they_are_fp32():
     native = report.measurement_rows([Measurement(route="native", dtype="tf32", **kw)])[0]
     assert "fp32" in fused[2] and "no tf32" in fused[2]
     assert native[2] == "tf32"
+
+
+def test_backbone_dense_check_passes_and_catches_a_wrong_reference(monkeypatch):
+    from types import SimpleNamespace
+
+    from spconv.benchmark import reference
+    from spconv.benchmark.routes import available_routes
+    from spconv.benchmark.workloads import backbone, basic
+    ctx = SimpleNamespace(seed=0)
+    scan = basic.basic_scan(None, True, 0)
+    route = available_routes(torch.device("cpu"))[0]
+    check = backbone._dense_check(ctx, scan, route, "fp64")
+    assert check.ok and check.error < 1e-12, check
+    flipped = reference.dense_weight
+    monkeypatch.setattr(reference, "dense_weight", lambda w: flipped(w).flip(2))  # kernel upside down in z
+    assert not backbone._dense_check(ctx, scan, route, "fp64").ok

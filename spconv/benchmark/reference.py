@@ -64,3 +64,26 @@ def dense_sequential(specs, weights, x: torch.Tensor, mask: torch.Tensor) -> tor
         else:
             x, mask = dense_maxpool(x, mask, 2, 2)
     return x
+
+
+def dense_sparse_sequential(modules, x: torch.Tensor, mask: torch.Tensor):
+    """The modules of a sparse network (SubMConv3d, SparseConv3d without bias, eval-mode BatchNorm1d, ReLU, in
+    order) densely: (x, active mask) after them. A strided conv's outputs are the sites whose window holds an
+    active input; BatchNorm and ReLU act on the active sites only."""
+    import spconv.pytorch as sp
+    for m in modules:
+        if isinstance(m, sp.SubMConv3d):
+            x = dense_subm(x, mask, m.weight)
+        elif isinstance(m, sp.SparseConv3d):
+            x = F.conv3d(x, dense_weight(m.weight), stride=m.stride, padding=m.padding)
+            window = torch.ones(1, 1, *m.kernel_size, dtype=x.dtype)
+            mask = F.conv3d(mask.to(x.dtype), window, stride=m.stride, padding=m.padding) > 0
+        elif isinstance(m, torch.nn.BatchNorm1d):
+            shape = (1, -1, 1, 1, 1)
+            scale = (m.weight / torch.sqrt(m.running_var + m.eps)).view(shape)
+            x = ((x - m.running_mean.view(shape)) * scale + m.bias.view(shape)) * mask
+        elif isinstance(m, torch.nn.ReLU):
+            x = x.clamp(min=0)
+        else:
+            raise TypeError(f"no dense reference for {type(m).__name__}")
+    return x, mask
