@@ -75,7 +75,7 @@ def dense_sparse_sequential(modules, x: torch.Tensor, mask: torch.Tensor):
         if isinstance(m, sp.SubMConv3d):
             x = dense_subm(x, mask, m.weight)
         elif isinstance(m, sp.SparseConv3d):
-            x = F.conv3d(x, dense_weight(m.weight), stride=m.stride, padding=m.padding)
+            x = dense_conv(x, m.weight, m.stride, m.padding)
             window = torch.ones(1, 1, *m.kernel_size, dtype=x.dtype)
             mask = F.conv3d(mask.to(x.dtype), window, stride=m.stride, padding=m.padding) > 0
         elif isinstance(m, torch.nn.BatchNorm1d):
