@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import spconv.pytorch  # noqa: F401  (loads the ops)
+from spconv.pytorch.core import MAP_MIRRORED, MAP_REPEAT_FREE
 
 ops = torch.ops.spconv
 
@@ -81,12 +82,12 @@ def _subm_pairs(ind, shape, ksize):
 
 def test_map_info_says_which_maps_are_mirrored():
     ind = _voxels([12, 12, 12], 500, seed=4)
-    assert _subm_pairs(ind, [12, 12, 12], [3, 3, 3])[4][-1].item() == 3  # repeat-free and mirrored
-    assert _subm_pairs(ind, [12, 12, 12], [3, 1, 5])[4][-1].item() == 3
-    assert _subm_pairs(ind, [12, 12, 12], [3, 2, 3])[4][-1].item() == 1  # an even size: no mirror offset
+    assert _subm_pairs(ind, [12, 12, 12], [3, 3, 3])[4][-1].item() == MAP_REPEAT_FREE | MAP_MIRRORED
+    assert _subm_pairs(ind, [12, 12, 12], [3, 1, 5])[4][-1].item() == MAP_REPEAT_FREE | MAP_MIRRORED
+    assert _subm_pairs(ind, [12, 12, 12], [3, 2, 3])[4][-1].item() == MAP_REPEAT_FREE  # an even size: no mirror
     strided = ops.get_indice_pairs(ind, 1, [12, 12, 12], [6, 6, 6], [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1],
                                    False, False)
-    assert strided[4][-1].item() == 1
+    assert strided[4][-1].item() == MAP_REPEAT_FREE
     # The mirror, checked: offset k's pairs are offset kvol - 1 - k's with the sides swapped.
     _, pin, pout, poff, _, _ = _subm_pairs(ind, [12, 12, 12], [3, 1, 5])
     kvol = poff.numel() - 1

@@ -21,10 +21,15 @@ def expand_nd(ndim: int, val: Union[int, List[int], tuple], name: str = "value")
     return val
 
 
+# map_info's flag bits (csrc/ops/checks.h: kMapRepeatFree, kMapMirrored).
+MAP_REPEAT_FREE, MAP_MIRRORED = 1, 2
+
+
 def make_map_info(offsets_host: torch.Tensor, in_rows: int, out_rows: int, repeat_free: bool) -> torch.Tensor:
     """The host record of a map (``get_indice_pairs``' ``map_info``, csrc/ops/checks.h): int64 on the CPU,
-    pair_offsets then in_rows, out_rows and the flags (1: repeat_free; the builder may add 2: mirrored)."""
-    extras = torch.tensor([int(in_rows), int(out_rows), int(bool(repeat_free))], dtype=torch.int64)
+    pair_offsets then in_rows, out_rows and the flags (MAP_REPEAT_FREE; the C++ builders may add MAP_MIRRORED)."""
+    flags = MAP_REPEAT_FREE if repeat_free else 0
+    extras = torch.tensor([int(in_rows), int(out_rows), flags], dtype=torch.int64)
     return torch.cat([offsets_host.to(device="cpu", dtype=torch.int64).reshape(-1), extras])
 
 
@@ -85,7 +90,7 @@ class PairMaps:
         # True when no row repeats within one offset on either side (known for submanifold maps, and from
         # the GPU builder's info); else spconv.pytorch.pair_rounds checks once.
         if info is not None and not repeat_free and not torch.compiler.is_compiling():
-            repeat_free = bool(int(info.numpy()[-1]) & 1)  # read from the host record without an op
+            repeat_free = bool(int(info.numpy()[-1]) & MAP_REPEAT_FREE)  # from the host record, without an op
         self.repeat_free = bool(repeat_free)
         self.cache: Dict[str, Any] = {}
         self._reversed: Optional["PairMaps"] = None
