@@ -10,8 +10,10 @@ import pytest
 import torch
 
 import spconv
+import spconv.pytorch
+from _reference import random_sparse
 from spconv.benchmark import baseline, compare, network, reference, report, scenes
-from spconv.benchmark.cli import parse_args, pick_dtypes, pick_workloads
+from spconv.benchmark.cli import note_parallel_regions, parse_args, pick_dtypes, pick_workloads
 from spconv.benchmark.flops import ConvLayer, conv_flops, layer_flops, total_flops
 from spconv.benchmark.results import Check, Measurement, Record
 from spconv.benchmark.timing import Plan, Stats, time_fn
@@ -406,6 +408,23 @@ def test_quick_run_end_to_end(tmp_path):
     assert any(k.startswith("FMA loop") for k in data["meta"]["peak_sources"]["cpu/fp32"])
     fwd = next(m for m in data["measurements"] if m["workload"] == "basic" and m["pass_name"] == "forward")
     assert fwd["flops"] > 0 and fwd["mm_ms"] > 0 and len(fwd["samples_ms"]) == fwd["iters"]
+    regions = data["meta"]["cpu_parallel_regions"]  # one thread: no parallel region at all
+    assert 0 <= regions["finished_on_caller"] <= regions["started_on_caller"] and regions["closed"] >= 0
+
+
+def test_parallel_regions_note_counts_this_process():
+    x = random_sparse(3, [32, 32, 16], 1, 16, density=0.3, seed=4)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad():
+            spconv.pytorch.SubMConv3d(16, 16, 3)(x)
+    finally:
+        torch.set_num_threads(saved)
+    record = Record()
+    note_parallel_regions(record, torch.device("cpu"))
+    assert record.meta["cpu_parallel_regions"]["closed"] > 0
+    assert any(n.startswith("native CPU parallel regions this run") for n in record.notes)
 
 
 def test_fused_tf32_rows_say_they_are_fp32():

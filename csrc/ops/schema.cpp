@@ -10,6 +10,7 @@
 #include "output_cache.h"
 #if !defined(SPCONV_HIP_CPU)
 #include "cpu/fma_peak_op.h"
+#include "cpu/parallel_region_op.h"
 #endif
 
 SPCONV_SCHEMA(m) {
@@ -24,6 +25,11 @@ SPCONV_SCHEMA(m) {
   // The FLOPs of `iters` steps of independent FMA chains on each intra-op thread, on the widest vectors the CPU
   // kernels use (float32 or float64 lanes): timed by the benchmark as the machine's FMA peak.
   m.def("cpu_fma_peak_loop(int iters, ScalarType dtype) -> int", &spconv::ops::cpu_fma_peak_loop);
+  // How the native route's parallel regions ran: [regions closed, of them waited on a late thread, regions
+  // started on the caller alone (a busy machine), of them finished there, serial budget now in ns]; and setting
+  // that budget (tests of both paths; 0 forgets the waits). native/region_stalls.h says why.
+  m.def("cpu_parallel_region_info() -> int[]", &spconv::ops::cpu_parallel_region_info);
+  m.def("cpu_parallel_region_set_budget(int ns) -> ()", &spconv::ops::cpu_parallel_region_set_budget);
 #endif
 
   // ---- kernel maps ----

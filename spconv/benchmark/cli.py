@@ -151,6 +151,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     seconds = record.meta.setdefault("task_seconds", {})
     with busy_load(args.busy):
         run_tasks(tasks, args, record, seconds)
+    note_parallel_regions(record, device)
     compare_label = None
     if args.compare:
         target = compare.resolve_target(args.compare, args.compare_module)
@@ -170,6 +171,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         why = save_plot(record, args.plot)
         print(why or f"wrote {args.plot}")
     return 0 if record.all_ok else 1
+
+
+def note_parallel_regions(record: Record, device: torch.device) -> None:
+    """How the native route's parallel regions ran in this process (csrc/native/region_stalls.h): on a busy
+    machine, regions that waited on a late thread and regions that then started on the caller alone."""
+    if device.type != "cpu":
+        return
+    closed, waited, alone, finished, _ = torch.ops.spconv.cpu_parallel_region_info()
+    record.meta["cpu_parallel_regions"] = {"closed": closed, "waited_on_late_thread": waited,
+                                           "started_on_caller": alone, "finished_on_caller": finished}
+    record.notes.append(f"native CPU parallel regions this run: {closed} closed, {waited} of them waited on a late "
+                        f"thread; {alone} started on the caller alone after such waits, {finished} of them "
+                        f"finished there")
 
 
 def subprocess_timeout():

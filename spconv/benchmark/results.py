@@ -24,6 +24,7 @@ class Measurement:
     peak_gflops: Optional[float] = None  # the machine's peak for this dtype, same run (baseline.peak_gflops)
     busy_ms: Optional[float] = None  # median with --busy N CPU-bound processes beside it, same run
     samples_ms: List[float] = field(default_factory=list)
+    busy_samples_ms: List[float] = field(default_factory=list)  # the busy pass's timed iterations
     library: str = "this"  # "this" or the compared implementation's label
 
     @property

@@ -151,8 +151,19 @@ def quiet_time_fn(fn: Callable[[], object], device: torch.device, plan: Plan) ->
     return _time_fn(fn, device, plan, None)
 
 
+def forget_region_waits():
+    """Each measurement starts as on a machine that has not been busy: the native route's CPU regions remember
+    recent waits on late threads for a few hundred ms (csrc/native/region_stalls.h), which would carry a busy
+    pass into the quiet pass of the next row. A no-op where the op is absent (another implementation)."""
+    try:
+        torch.ops.spconv.cpu_parallel_region_set_budget(0)
+    except (AttributeError, RuntimeError):
+        pass
+
+
 def _time_fn(fn, device, plan, on_iter) -> Stats:
     clock = Clock(device)
+    forget_region_waits()
     for _ in range(plan.warmup):
         fn()
     clock.sync()
@@ -185,6 +196,7 @@ def time_train_step(forward: Callable[[], torch.Tensor], grad: Callable[[torch.T
 
 def _time_train_step(forward, grad, device, plan, zero_grad, on_iter) -> Dict[str, Stats]:
     clock = Clock(device)
+    forget_region_waits()
 
     def step(record: Optional[Dict[str, Stats]]):
         zero_grad()

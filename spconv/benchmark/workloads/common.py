@@ -80,7 +80,8 @@ def measurement(ctx: Context, workload: str, case: str, route, chosen: bool, dty
                     pass_name=pass_name, voxels=int(voxels), flops=total_flops(layers, pass_name),
                     median_ms=stats.median, min_ms=stats.min, max_ms=stats.max, iters=len(stats.samples_ms),
                     mm_ms=mm_ms, peak_gflops=peak, busy_ms=stats.busy.median if stats.busy is not None else None,
-                    samples_ms=[round(s, 4) for s in stats.samples_ms])
+                    samples_ms=[round(s, 4) for s in stats.samples_ms],
+                    busy_samples_ms=[round(s, 4) for s in stats.busy.samples_ms] if stats.busy is not None else [])
     ctx.record.measurements.append(m)
     return m
 
