@@ -103,11 +103,22 @@ def test_set_budget_rejects_negative():
         _set_budget(-1)
 
 
-def test_serial_start_can_be_switched_off():
-    # SPCONV_CPU_SERIAL_START=0 (read once per process): every region parallel from its start, whatever waited.
+def _budget_in_process_with(value):
     code = ("import torch, spconv.pytorch\n"
             "torch.ops.spconv.cpu_parallel_region_set_budget(5_000_000)\n"
             "print(torch.ops.spconv.cpu_parallel_region_info()[4])\n")
-    env = dict(os.environ, SPCONV_CPU_SERIAL_START="0")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "0"
+    env = dict(os.environ, SPCONV_CPU_SERIAL_START=value)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_serial_start_can_be_switched_off():
+    # SPCONV_CPU_SERIAL_START=0 (read once per process): every region parallel from its start, whatever waited.
+    off, on = _budget_in_process_with("0"), _budget_in_process_with("1")
+    assert off.returncode == 0 and off.stdout.strip() == "0"
+    assert on.returncode == 0 and int(on.stdout) > 0
+
+
+def test_bad_serial_start_value_names_the_variable():
+    bad = _budget_in_process_with("off")
+    assert bad.returncode != 0
+    assert "ValueError: SPCONV_CPU_SERIAL_START must be 0 or 1, got 'off'" in bad.stderr

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <c10/util/Exception.h>
+
 namespace spconv {
 namespace native {
 namespace {
@@ -26,10 +28,14 @@ std::atomic<int64_t> g_waited{0};
 std::atomic<int64_t> g_started_alone{0};
 std::atomic<int64_t> g_finished_alone{0};
 
+// SPCONV_CPU_SERIAL_START: unset, empty or "1" on, "0" off; anything else is an error naming it (at every
+// region until fixed: a function-local static whose initializer throws is tried again next time).
 bool serial_start_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("SPCONV_CPU_SERIAL_START");
-    return v == nullptr || std::strcmp(v, "0") != 0;
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
+    TORCH_CHECK_VALUE(std::strcmp(v, "0") == 0, "SPCONV_CPU_SERIAL_START must be 0 or 1, got '", v, "'");
+    return false;
   }();
   return enabled;
 }
@@ -43,7 +49,7 @@ int64_t monotonic_ns() {
 
 int64_t serial_budget_ns(int64_t now_ns) {
   const int64_t stall = g_stall_ns.load(std::memory_order_relaxed);
-  if (stall == 0 || !serial_start_enabled()) return 0;
+  if (!serial_start_enabled() || stall == 0) return 0;
   const int64_t halvings = std::max<int64_t>(now_ns - g_stamp_ns.load(std::memory_order_relaxed), 0) / kHalfLifeNs;
   const int64_t budget = halvings >= 62 ? 0 : stall >> halvings;
   return budget < kMinStallNs ? 0 : budget;
