@@ -21,7 +21,7 @@ constexpr int64_t kHalfLifeNs = 50'000'000;
 // No wait makes a region run alone for longer than this.
 constexpr int64_t kMaxBudgetNs = 50'000'000;
 
-std::atomic<int64_t> g_stall_ns{0};  // the budget the last wait set (or renewed)
+std::atomic<int64_t> g_budget_ns{0};  // the budget the last wait set (or renewed), before its decay
 std::atomic<int64_t> g_stamp_ns{0};  // when it was recorded
 std::atomic<int64_t> g_regions{0};
 std::atomic<int64_t> g_waited{0};
@@ -48,10 +48,10 @@ int64_t monotonic_ns() {
 }
 
 int64_t serial_budget_ns(int64_t now_ns) {
-  const int64_t stall = g_stall_ns.load(std::memory_order_relaxed);
-  if (!serial_start_enabled() || stall == 0) return 0;
+  const int64_t set = g_budget_ns.load(std::memory_order_relaxed);
+  if (!serial_start_enabled() || set == 0) return 0;
   const int64_t halvings = std::max<int64_t>(now_ns - g_stamp_ns.load(std::memory_order_relaxed), 0) / kHalfLifeNs;
-  const int64_t budget = halvings >= 62 ? 0 : stall >> halvings;
+  const int64_t budget = halvings >= 62 ? 0 : set >> halvings;
   return budget < kMinStallNs ? 0 : budget;
 }
 
@@ -62,7 +62,7 @@ void record_region_close(int64_t now_ns, int64_t busy_ns, int64_t idle_ns) {
   // Two callers racing here may pair one's wait with the other's stamp: either pair is a wait just seen.
   const int64_t renewed = std::min(std::max(idle_ns / 2, serial_budget_ns(now_ns)), kMaxBudgetNs);
   g_stamp_ns.store(now_ns, std::memory_order_relaxed);
-  g_stall_ns.store(renewed, std::memory_order_relaxed);
+  g_budget_ns.store(renewed, std::memory_order_relaxed);
 }
 
 void record_serial_start(bool finished) {
@@ -77,7 +77,7 @@ std::vector<int64_t> parallel_region_info() {
 
 void set_serial_budget_ns(int64_t ns) {
   g_stamp_ns.store(monotonic_ns(), std::memory_order_relaxed);
-  g_stall_ns.store(std::clamp<int64_t>(ns, 0, kMaxBudgetNs), std::memory_order_relaxed);
+  g_budget_ns.store(std::clamp<int64_t>(ns, 0, kMaxBudgetNs), std::memory_order_relaxed);
 }
 
 }  // namespace native

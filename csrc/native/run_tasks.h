@@ -29,22 +29,19 @@ void run_tasks(int64_t n, const MakeWorker& make_worker) {
     for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < n;) task(t);
   };
   const int64_t threads = at::get_num_threads();
-  // Tasks run on one thread mark it as inside a parallel region, as at::parallel_for does when it runs inline:
-  // the ATen ops a task calls then stay on that thread instead of opening regions of their own.
-  if (threads <= 1 || n == 1 || at::in_parallel_region()) {
-    c10::ParallelGuard inline_run(true);
-    ThreadSetup setup;
-    auto task = make_worker();
-    drain(task);
-    return;
-  }
-  // The caller's setup and worker serve its serial start and its share of the parallel region (built as
-  // inside a region, like every other thread's).
+  // The caller's setup and worker serve its whole share: a one-thread run, or its serial start and its part of
+  // the parallel region. Tasks (and the worker's construction) run on one thread under a ParallelGuard, as
+  // at::parallel_for's inline runs do: the ATen ops they call stay on that thread instead of opening regions.
   ThreadSetup setup;
   auto task = [&] {
     c10::ParallelGuard inline_run(true);
     return make_worker();
   }();
+  if (threads <= 1 || n == 1 || at::in_parallel_region()) {
+    c10::ParallelGuard inline_run(true);
+    drain(task);
+    return;
+  }
   const int64_t start = monotonic_ns(), budget = serial_budget_ns(start);
   if (budget > 0) {
     c10::ParallelGuard inline_run(true);  // released before the parallel region below opens
