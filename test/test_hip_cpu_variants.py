@@ -92,3 +92,16 @@ def test_variant_kernels_listed():
                 if re.search(switch[name], open(p).read())}
         assert uses, "no kernel uses the %s matrix cores: the check would be empty" % name
         assert uses <= set(hip_cpu_build.VARIANTS[name].kernels), name
+
+
+def test_variants_share_the_glue_objects():
+    """The schema and the glue read the op namespace at load time (csrc/ops/op_namespace.cpp): between variants
+    only that file and the variant's listed kernels compile with other defines, so a second variant's build
+    compiles those alone."""
+    src = hip_cpu_build.REPO
+    plain = hip_cpu_build.VARIANTS["simt"]
+    for name in EMULATED:
+        v = hip_cpu_build.VARIANTS[name]
+        differs = {os.path.relpath(p, src).replace(os.sep, "/") for p, kind in hip_cpu_build._sources(src).items()
+                   if hip_cpu_build._file_defines(p, kind, src, v) != hip_cpu_build._file_defines(p, kind, src, plain)}
+        assert differs == {"csrc/ops/op_namespace.cpp"} | set(v.kernels), name

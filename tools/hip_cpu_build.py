@@ -11,8 +11,9 @@ when the path it needs exists in the source tree.
 Cache: objects under build/hip_cpu/objects/, keyed by the source, every header of csrc/ and of the runtime,
 the flags, the compiler version and the torch version; the library under build/hip_cpu/<hash>/ keyed by its
 objects. An unchanged tree reuses the library, an edited .cu rebuilds that object, an edited header all.
-Only the defines a file can see enter its key: the op namespace only for files that include op_library.h,
-a variant's defines only for the kernels it lists. So the variants share every other object.
+Only the defines a file can see enter its key: the op namespace only for the file that names it
+(csrc/ops/op_namespace.cpp), a variant's defines only for the kernels it lists. So the variants share every other
+object: a second variant compiles its namespace file and its kernels.
 
 Standalone test programs (the emulator tests): build_program() compiles a few sources against the runtime
 into an executable under build/hip_cpu/programs/, cached the same way.
@@ -33,7 +34,6 @@ import argparse
 import glob
 import hashlib
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -146,29 +146,15 @@ def _sources(src: str) -> Dict[str, str]:
     return out
 
 
-def _includes(path: str, src: str, seen=None) -> set:
-    """path and the project headers it includes, transitively (quoted includes that resolve in the tree)."""
-    seen = set() if seen is None else seen
-    if path in seen:
-        return seen
-    seen.add(path)
-    with open(path, errors="replace") as f:
-        names = re.findall(r'^\s*#\s*include\s*"([^"]+)"', f.read(), re.M)
-    for name in names:
-        for d in (os.path.dirname(path), os.path.join(src, "csrc", "include"), os.path.join(src, "csrc")):
-            p = os.path.normpath(os.path.join(d, name))
-            if os.path.isfile(p):
-                _includes(p, src, seen)
-                break
-    return seen
-
-
 def _file_defines(path: str, kind: str, src: str, variant: Variant) -> List[str]:
-    """The variant's defines this file can see: the namespace where op_library.h is included, the variant's
-    own defines in the kernels it lists."""
+    """The variant's defines this file can see: the namespace in the file that names SPCONV_OP_NAMESPACE
+    itself (op_namespace.cpp: the schema and the glue take the name from it at run time), the variant's own
+    defines in the kernels it lists."""
     out = []
-    if kind == "cxx" and any(os.path.basename(h) == "op_library.h" for h in _includes(path, src)):
-        out.append("-DSPCONV_OP_NAMESPACE=" + variant.namespace)
+    if kind == "cxx":
+        with open(path, errors="replace") as f:
+            if "SPCONV_OP_NAMESPACE" in f.read():
+                out.append("-DSPCONV_OP_NAMESPACE=" + variant.namespace)
     if os.path.relpath(path, src).replace(os.sep, "/") in variant.kernels:
         out += ["-D" + d for d in variant.defines]
     return out

@@ -1,24 +1,28 @@
 // Which torch op library the schemas (schema.cpp) and the GPU glue (csrc/ops/gpu) register into.
 //  * Normal builds: namespace spconv, GPU glue on the CUDA dispatch key (ROCm torch uses it too).
 //  * HIP CPU test build (SPCONV_HIP_CPU, tools/hip_cpu_build.py): a namespace of its own per build
-//    variant (SPCONV_OP_NAMESPACE, default spconv_hipcpu) with the GPU glue on the CPU key, so that CPU
-//    tensors run the real glue and the real kernels without clashing with the spconv ops.
+//    variant with the GPU glue on the CPU key, so that CPU tensors run the real glue and the real kernels
+//    without clashing with the spconv ops.
+// The namespace is a run-time string (op_namespace.h): these files compile the same for every variant.
 #pragma once
 #include <torch/library.h>
 
+#include "op_namespace.h"
+
 #if defined(SPCONV_HIP_CPU)
-#ifndef SPCONV_OP_NAMESPACE
-#define SPCONV_OP_NAMESPACE spconv_hipcpu
-#endif
 #define SPCONV_GPU_DISPATCH_KEY CPU
 #else
-#undef SPCONV_OP_NAMESPACE
-#define SPCONV_OP_NAMESPACE spconv
 #define SPCONV_GPU_DISPATCH_KEY CUDA
 #endif
 
-// One level of indirection so that the namespace macro expands before TORCH_LIBRARY pastes it.
-#define SPCONV_TORCH_LIBRARY_(ns, m) TORCH_LIBRARY(ns, m)
-#define SPCONV_TORCH_LIBRARY_IMPL_(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
-#define SPCONV_SCHEMA(m) SPCONV_TORCH_LIBRARY_(SPCONV_OP_NAMESPACE, m)
-#define SPCONV_GPU_IMPL(m) SPCONV_TORCH_LIBRARY_IMPL_(SPCONV_OP_NAMESPACE, SPCONV_GPU_DISPATCH_KEY, m)
+// TORCH_LIBRARY / TORCH_LIBRARY_IMPL with the namespace taken from op_namespace(): the same static
+// registration object as torch's macros, which paste the namespace in as a token.
+#define SPCONV_LIBRARY_INIT_(kind, key, m, uid)                                                                   \
+  static void C10_CONCATENATE(spconv_library_init_, uid)(torch::Library&);                                      \
+  static const torch::detail::TorchLibraryInit C10_CONCATENATE(spconv_library_static_init_, uid)(               \
+      torch::Library::kind, &C10_CONCATENATE(spconv_library_init_, uid), spconv::ops::op_namespace(), key,     \
+      __FILE__, __LINE__);                                                                                       \
+  void C10_CONCATENATE(spconv_library_init_, uid)(torch::Library & m)
+#define SPCONV_SCHEMA(m) SPCONV_LIBRARY_INIT_(DEF, std::nullopt, m, C10_UID)
+#define SPCONV_GPU_IMPL(m) \
+  SPCONV_LIBRARY_INIT_(IMPL, std::make_optional(c10::DispatchKey::SPCONV_GPU_DISPATCH_KEY), m, C10_UID)
