@@ -31,9 +31,9 @@ void for_blocks(int64_t nb, const F& f) {
 }
 
 // Packed keys of the rows, in row order.
-std::vector<int64_t> row_keys(const int32_t* indices, int64_t n, const ConvGeometry& g) {
+UninitVector<int64_t> row_keys(const int32_t* indices, int64_t n, const ConvGeometry& g) {
   const int64_t stride = 1 + g.ndim;
-  std::vector<int64_t> keys(static_cast<size_t>(n));
+  UninitVector<int64_t> keys(static_cast<size_t>(n));
   at::parallel_for(0, n, 1 << 15, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) keys[i] = pack_key(indices[i * stride], indices + i * stride + 1, g.in_shape, g.ndim);
   });
@@ -43,13 +43,13 @@ std::vector<int64_t> row_keys(const int32_t* indices, int64_t n, const ConvGeome
 // The rows in (key, row) order: keys[s] is the key at sorted position s (plus a trailing sentinel,
 // larger than any key), rows[s] its row.
 struct SortedRows {
-  std::vector<int64_t> keys;
-  std::vector<int32_t> rows;
+  UninitVector<int64_t> keys;
+  UninitVector<int32_t> rows;
 };
 
 SortedRows sort_rows(const int32_t* indices, int64_t n, const ConvGeometry& g) {
   SortedRows s;
-  const std::vector<int64_t> keys = row_keys(indices, n, g);
+  const UninitVector<int64_t> keys = row_keys(indices, n, g);
   sort_key_index(keys.data(), n, s.keys, s.rows);
   return s;
 }
@@ -332,7 +332,7 @@ Reach make_reach(const ConvGeometry& g) {
 // Every (input, offset) that reaches an output, in visiting order: inputs by sorted position, then
 // offsets ascending. key[j] is the output key of candidate j, slot[j] its table entry (row * kvol + k).
 struct Candidates {
-  std::vector<int64_t> key, slot;
+  UninitVector<int64_t> key, slot;
 };
 
 // Candidates of the inputs at sorted positions [p0, p1), appended to c in visiting order.
@@ -390,13 +390,13 @@ constexpr int64_t kNumberGrain = 1 << 16;
 
 // Output ids in first-seen order: the output of candidate group G gets the number of groups whose first
 // candidate comes before G's. Writes each candidate's id into the table and each output's key.
-void number_outputs(const Candidates& cand, int32_t* table, std::vector<int64_t>& out_keys) {
+void number_outputs(const Candidates& cand, int32_t* table, UninitVector<int64_t>& out_keys) {
   const int64_t m = static_cast<int64_t>(cand.key.size());
-  std::vector<int64_t> sk;
-  std::vector<int32_t> sj;
+  UninitVector<int64_t> sk;
+  UninitVector<int32_t> sj;
   sort_key_index(cand.key.data(), m, sk, sj);  // candidates of one output together, ascending j
   auto is_first = [&](int64_t s) { return s == 0 || sk[s] != sk[s - 1]; };
-  std::vector<int32_t> id(static_cast<size_t>(m), 0);
+  UninitVector<int32_t> id(static_cast<size_t>(m));  // sj is a permutation: the pass below writes every entry
   at::parallel_for(0, m, kNumberGrain, [&](int64_t b, int64_t e) {
     for (int64_t s = b; s < e; ++s) id[sj[s]] = is_first(s);  // 1 at each group's first j
   });
@@ -436,7 +436,7 @@ void number_outputs(const Candidates& cand, int32_t* table, std::vector<int64_t>
   });
 }
 
-void decode_keys(const std::vector<int64_t>& keys, const ConvGeometry& g, int32_t* out) {
+void decode_keys(const UninitVector<int64_t>& keys, const ConvGeometry& g, int32_t* out) {
   const int nd = g.ndim;
   const int64_t stride = 1 + nd;
   at::parallel_for(0, static_cast<int64_t>(keys.size()), 1 << 14, [&](int64_t begin, int64_t end) {
@@ -463,7 +463,7 @@ void build_conv_map(const int32_t* indices, int64_t n, const ConvGeometry& g, bo
   int32_t* table = map.table.get();
   // In parallel from 512k entries: a 10k-voxel strided conv's table (270k) stays on the calling thread.
   at::parallel_for(0, n * kvol, 1 << 19, [&](int64_t b, int64_t e) { std::fill(table + b, table + e, -1); });
-  std::vector<int64_t> out_keys;
+  UninitVector<int64_t> out_keys;  // every output's key is written by its first candidate
   number_outputs(cand, table, out_keys);
   map.num_out = static_cast<int64_t>(out_keys.size());
   map.out_indices.resize(out_keys.size() * (1 + g.ndim));

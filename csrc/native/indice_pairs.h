@@ -5,12 +5,13 @@
 #include <vector>
 
 #include "spconv/coords.h"
+#include "uninit_vector.h"
 
 namespace spconv {
 namespace native {
 
 struct KernelMap {
-  std::vector<int32_t> out_indices;  // [num_out, 1 + ndim], only for non-subm
+  UninitVector<int32_t> out_indices;  // [num_out, 1 + ndim], only for non-subm
   int64_t num_out = 0;
   // table[r * kvol + k]: the partner row of row r through offset k, or -1.
   // Subm: rows are outputs, partners inputs. Regular/transposed: rows are inputs, partners outputs.

@@ -74,7 +74,7 @@ bool radix_pass(const uint64_t* src, uint64_t* dst, int64_t n, int shift, int wi
 }
 
 // Comparison-sort fallback for keys too wide to share a 64-bit word with the index.
-void sort_pairs(const int64_t* keys, int64_t m, std::vector<int64_t>& sorted_keys, std::vector<int32_t>& index) {
+void sort_pairs(const int64_t* keys, int64_t m, UninitVector<int64_t>& sorted_keys, UninitVector<int32_t>& index) {
   std::vector<std::pair<int64_t, int32_t>> kv(static_cast<size_t>(m));
   for (int64_t i = 0; i < m; ++i) kv[i] = {keys[i], static_cast<int32_t>(i)};
   std::sort(kv.begin(), kv.end());
@@ -86,7 +86,7 @@ void sort_pairs(const int64_t* keys, int64_t m, std::vector<int64_t>& sorted_key
 
 // words[i] = key << index_bits | i (unsigned: a key too wide for the word wraps harmlessly), and the
 // largest key, which tells whether it was wide.
-int64_t pack_words(const int64_t* keys, int64_t m, int index_bits, std::vector<uint64_t>& words) {
+int64_t pack_words(const int64_t* keys, int64_t m, int index_bits, UninitVector<uint64_t>& words) {
   words.resize(static_cast<size_t>(m));
   return at::parallel_reduce(
       0, m, kGrain, int64_t{0},
@@ -101,26 +101,26 @@ int64_t pack_words(const int64_t* keys, int64_t m, int index_bits, std::vector<u
 }
 }  // namespace
 
-void radix_sort_bits(std::vector<uint64_t>& words, int lo, int hi) {
+void radix_sort_bits(UninitVector<uint64_t>& words, int lo, int hi) {
   const int64_t n = static_cast<int64_t>(words.size());
   const int bits = hi - lo;
   if (bits <= 0 || n < 2) return;
   const int passes = (bits + kMaxDigit - 1) / kMaxDigit;
   const int digit = (bits + passes - 1) / passes;
-  std::vector<uint64_t> tmp(static_cast<size_t>(n));
+  UninitVector<uint64_t> tmp(static_cast<size_t>(n));  // written whole by each pass's scatter
   for (int shift = lo; shift < hi; shift += digit) {
     if (radix_pass(words.data(), tmp.data(), n, shift, std::min(digit, hi - shift))) words.swap(tmp);
   }
 }
 
-void sort_key_index(const int64_t* keys, int64_t m, std::vector<int64_t>& sorted_keys, std::vector<int32_t>& index) {
+void sort_key_index(const int64_t* keys, int64_t m, UninitVector<int64_t>& sorted_keys, UninitVector<int32_t>& index) {
   sorted_keys.resize(static_cast<size_t>(m) + 1);
   index.resize(static_cast<size_t>(m));
   sorted_keys[m] = std::numeric_limits<int64_t>::max();
   if (m == 0) return;
   const int index_bits = bit_width(static_cast<uint64_t>(m - 1));
   // Words start in index order, so a stable sort on the key bits alone breaks ties by index.
-  std::vector<uint64_t> words;
+  UninitVector<uint64_t> words;
   const int key_bits = bit_width(static_cast<uint64_t>(pack_words(keys, m, index_bits, words)));
   if (index_bits + key_bits > 64) return sort_pairs(keys, m, sorted_keys, index);
   radix_sort_bits(words, index_bits, index_bits + key_bits);

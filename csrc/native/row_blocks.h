@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "uninit_vector.h"
+
 namespace spconv {
 namespace native {
 
@@ -17,7 +19,7 @@ namespace native {
 struct RowBlocks {
   int64_t rows = 0, n_blocks = 0, kvol = 0;
   std::vector<int64_t> first, last;  // [n_blocks * kvol]: bucket (b, k) is pairs [first, last) of key / other
-  std::vector<int32_t> key_copy, other_copy;
+  UninitVector<int32_t> key_copy, other_copy;  // written whole by the copy pass
   const int32_t* key_src = nullptr;
   const int32_t* other_src = nullptr;
   std::vector<char> copied;   // [kvol]: offset k's buckets index the copies
