@@ -98,6 +98,26 @@ def test_quiet_regions_are_counted_and_start_parallel():
         assert after[STARTED_ALONE] == before[STARTED_ALONE]
 
 
+def test_backward_runs_dinput_and_dfilter_in_one_region():
+    """A layer small enough for the separate dX / dW passes runs both as one set of tasks: one parallel region
+    (one barrier that can wait on a descheduled thread) per backward."""
+    x = random_sparse(3, [32, 32, 16], 1, 16, density=0.1, seed=3)
+    conv = spconv_pt.SubMConv3d(16, 32, 3, bias=False)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        feats = x.features.clone().requires_grad_()
+        y = conv(x.replace_feature(feats))
+        _set_budget(0)
+        before = _info()
+        y.features.backward(torch.ones_like(y.features))
+        after = _info()
+    finally:
+        torch.set_num_threads(saved)
+    assert after[REGIONS] - before[REGIONS] == 1
+    assert feats.grad is not None and conv.weight.grad is not None
+
+
 def test_set_budget_rejects_negative():
     with pytest.raises(ValueError, match="ns must be >= 0"):
         _set_budget(-1)

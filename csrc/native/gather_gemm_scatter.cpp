@@ -16,6 +16,7 @@
 #include <string>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <type_traits>
 #include <vector>
@@ -131,6 +132,116 @@ std::vector<char> identity_offsets(const int32_t* gather, const int32_t* scatter
 
 }  // namespace
 
+namespace {
+
+using TaskFn = std::function<void(int64_t)>;
+
+// The one pass of gather_gemm_scatter, planned: a task per block of destination rows, through all offsets in
+// order (a block's rows stay in cache, and no barrier separates the offsets). Tasks run in any order on any
+// thread: each writes its own rows only.
+class ForwardBlocks {
+ public:
+  ForwardBlocks(const at::Tensor& src, const at::Tensor& weights, bool transpose_w, const int32_t* gather,
+                const int32_t* scatter, const int64_t* offsets, at::Tensor& dst, bool mirrored)
+      : src_(src), dst_(dst), gather_(gather), scatter_(scatter), offsets_(offsets), kvol_(weights.size(0)),
+        c_src_(src.size(1)), c_dst_(dst.size(1)), n_dst_(dst.size(0)), rows_(chunk_rows(std::max(c_src_, c_dst_))),
+        identity_(identity_offsets(gather, scatter, offsets, kvol_, src.size(0), n_dst_)),
+        blocks_(bucket_by_row_block(scatter, gather, offsets, kvol_, identity_, n_dst_,
+                                    cache_block_rows(n_dst_, c_dst_, src.element_size(), forward_min_blocks()),
+                                    mirrored)),
+        // FP32 on AVX-512 / AVX2, FP64 on AVX-512: gather, product and scatter in one pass
+        // (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
+        fused_(fused_cpu_gemm_enabled() && fused_gemm_ok_for(src.scalar_type(), c_src_, c_dst_)) {
+    w_.resize(kvol_);
+    for (int64_t k = 0; k < kvol_; ++k) w_[k] = transpose_w ? weights[k].t() : weights[k];
+    // Pair density varies a lot across a scan's rows: hand the blocks out by their pair counts.
+    std::vector<int64_t> work(blocks_.n_blocks);
+    for (int64_t b = 0; b < blocks_.n_blocks; ++b) work[b] = blocks_.pairs(b);
+    order_ = longest_first(work);
+    // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput.
+    if (fused_) w_rows_ = transpose_w ? transposed_filters(weights) : weights.contiguous();
+  }
+
+  int64_t tasks() const { return blocks_.n_blocks; }
+
+  // One per thread: the vendor-GEMM path's gather and product buffers live in it.
+  TaskFn worker() const {
+    return AT_DISPATCH_FLOATING_TYPES(src_.scalar_type(), "gather_gemm_scatter", [&]() -> TaskFn {
+      return typed_worker<scalar_t>();
+    });
+  }
+
+ private:
+  template <typename T>
+  TaskFn typed_worker() const {
+    at::Tensor a = fused_ ? at::Tensor() : at::empty({rows_, c_src_}, src_.options());
+    at::Tensor out = fused_ ? at::Tensor() : at::empty({rows_, c_dst_}, src_.options());
+    return [this, a, out](int64_t t) {
+      const T* x = src_.const_data_ptr<T>();
+      T* y = dst_.mutable_data_ptr<T>();
+      const int64_t b = order_[t];
+      const int64_t r0 = b * blocks_.rows, r1 = std::min(n_dst_, r0 + blocks_.rows);
+      std::fill(y + r0 * c_dst_, y + r1 * c_dst_, T(0));
+      for (int64_t k = 0; k < kvol_; ++k) {
+        if (identity_[k] && !fused_) {  // rows map to themselves: accumulate straight into the block
+          dst_.narrow(0, r0, r1 - r0).addmm_(src_.narrow(0, r0, r1 - r0), w_[k]);
+          continue;
+        }
+        // An identity offset's own pair lists are the block's rows in order (the fused kernel takes them).
+        const int64_t begin = identity_[k] ? offsets_[k] + r0 : blocks_.begin(b, k);
+        const int64_t count = identity_[k] ? r1 - r0 : blocks_.count(b, k);
+        const int32_t* bkey = (identity_[k] ? scatter_ : blocks_.key(k)) + begin;
+        const int32_t* bother = (identity_[k] ? gather_ : blocks_.other(k)) + begin;
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+          if (fused_) {
+            fused_gather_gemm_scatter(x, c_src_, bother, bkey, count, w_rows_.const_data_ptr<T>() + k * c_src_ * c_dst_,
+                                      c_dst_, y);
+            continue;
+          }
+        }
+        for (int64_t c0 = 0; c0 < count; c0 += rows_) {
+          const int64_t m = std::min(rows_, count - c0);
+          gather_rows(x, c_src_, bother + c0, m, a.mutable_data_ptr<T>());
+          at::Tensor o = out.narrow(0, 0, m);
+          at::mm_out(o, a.narrow(0, 0, m), w_[k]);
+          scatter_add_rows(o.const_data_ptr<T>(), c_dst_, bkey + c0, m, y);
+        }
+      }
+    };
+  }
+
+  const at::Tensor& src_;
+  at::Tensor& dst_;
+  const int32_t* gather_;
+  const int32_t* scatter_;
+  const int64_t* offsets_;
+  int64_t kvol_, c_src_, c_dst_, n_dst_, rows_;
+  std::vector<char> identity_;
+  RowBlocks blocks_;
+  bool fused_;
+  std::vector<at::Tensor> w_;
+  std::vector<int64_t> order_;
+  at::Tensor w_rows_;
+};
+
+// Runs planned passes (tasks() and worker()) as one set of tasks, in one parallel region: the passes' tasks
+// are independent, and each region's barrier can wait on a descheduled thread.
+template <typename... Passes>
+void run_passes(const Passes&... passes) {
+  const int64_t counts[] = {passes.tasks()...};
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  run_tasks<OneThreadGemm>(total, [&] {
+    return [counts, workers = std::vector<TaskFn>{passes.worker()...}](int64_t t) {
+      size_t i = 0;
+      while (t >= counts[i]) t -= counts[i++];
+      workers[i](t);
+    };
+  });
+}
+
+}  // namespace
+
 void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool transpose_w,
                          const int32_t* gather, const int32_t* scatter, const int64_t* offsets, at::Tensor& dst,
                          bool mirrored) {
@@ -138,116 +249,82 @@ void gather_gemm_scatter(const at::Tensor& src, const at::Tensor& weights, bool 
     direct_conv_forward(src, weights, gather, scatter, offsets, dst);
     return;
   }
-  const int64_t kvol = weights.size(0);
-  const int64_t c_src = src.size(1), c_dst = dst.size(1);
-  const int64_t rows = chunk_rows(std::max(c_src, c_dst));
-  const int64_t n_src = src.size(0), n_dst = dst.size(0);
-  const std::vector<char> identity = identity_offsets(gather, scatter, offsets, kvol, n_src, n_dst);
-  std::vector<at::Tensor> w(kvol);
-  for (int64_t k = 0; k < kvol; ++k) w[k] = transpose_w ? weights[k].t() : weights[k];
-  const RowBlocks blocks = bucket_by_row_block(scatter, gather, offsets, kvol, identity, n_dst,
-                                               cache_block_rows(n_dst, c_dst, src.element_size(), forward_min_blocks()),
-                                               mirrored);
-  // Pair density varies a lot across a scan's rows: hand the blocks out by their pair counts.
-  std::vector<int64_t> work(blocks.n_blocks);
-  for (int64_t b = 0; b < blocks.n_blocks; ++b) work[b] = blocks.pairs(b);
-  const std::vector<int64_t> order = longest_first(work);
-  // FP32 on AVX-512 / AVX2, FP64 on AVX-512: gather, product and scatter in one pass (SPCONV_FUSED_CPU_GEMM=0:
-  // the vendor GEMM).
-  const bool fused_kernel = fused_cpu_gemm_enabled() && fused_gemm_ok_for(src.scalar_type(), c_src, c_dst);
-  // W[k] as [c_src, c_dst] row-major: the weights themselves for the forward, transposed once for dinput.
-  const at::Tensor w_rows =
-      !fused_kernel ? at::Tensor() : transpose_w ? transposed_filters(weights) : weights.contiguous();
-  AT_DISPATCH_FLOATING_TYPES(src.scalar_type(), "gather_gemm_scatter", [&] {
-    const scalar_t* x = src.const_data_ptr<scalar_t>();
-    scalar_t* y = dst.mutable_data_ptr<scalar_t>();
-    // One pass over the blocks: a block's rows stay in cache over all offsets, and no barrier separates the
-    // offsets.
-    run_tasks<OneThreadGemm>(blocks.n_blocks, [&] {
-      // The gather and product buffers of the vendor-GEMM path (the fused kernel needs none).
-      at::Tensor a = fused_kernel ? at::Tensor() : at::empty({rows, c_src}, src.options());
-      at::Tensor out = fused_kernel ? at::Tensor() : at::empty({rows, c_dst}, src.options());
-      return [&, a, out](int64_t t) {
-        const int64_t b = order[t];
-        const int64_t r0 = b * blocks.rows, r1 = std::min(n_dst, r0 + blocks.rows);
-        std::fill(y + r0 * c_dst, y + r1 * c_dst, scalar_t(0));
-        for (int64_t k = 0; k < kvol; ++k) {
-          if (identity[k] && !fused_kernel) {  // rows map to themselves: accumulate straight into the block
-            dst.narrow(0, r0, r1 - r0).addmm_(src.narrow(0, r0, r1 - r0), w[k]);
-            continue;
-          }
-          // An identity offset's own pair lists are the block's rows in order (the fused kernel takes them).
-          const int64_t begin = identity[k] ? offsets[k] + r0 : blocks.begin(b, k);
-          const int64_t count = identity[k] ? r1 - r0 : blocks.count(b, k);
-          const int32_t* bkey = (identity[k] ? scatter : blocks.key(k)) + begin;
-          const int32_t* bother = (identity[k] ? gather : blocks.other(k)) + begin;
-          if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, double>) {
-            if (fused_kernel) {
-              fused_gather_gemm_scatter(x, c_src, bother, bkey, count,
-                                        w_rows.const_data_ptr<scalar_t>() + k * c_src * c_dst, c_dst, y);
-              continue;
-            }
-          }
-          for (int64_t c0 = 0; c0 < count; c0 += rows) {
-            const int64_t m = std::min(rows, count - c0);
-            gather_rows(x, c_src, bother + c0, m, a.mutable_data_ptr<scalar_t>());
-            at::Tensor o = out.narrow(0, 0, m);
-            at::mm_out(o, a.narrow(0, 0, m), w[k]);
-            scatter_add_rows(o.const_data_ptr<scalar_t>(), c_dst, bkey + c0, m, y);
-          }
-        }
-      };
-    });
-  });
+  run_passes(ForwardBlocks(src, weights, transpose_w, gather, scatter, offsets, dst, mirrored));
 }
 
 namespace {
 
-// dw[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]], split over K (the pairs, split_k.h): each segment sums its
-// chunks' products (in pair order) into dw[k] or a partial of its own.
-void weight_grad(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_in, const int32_t* pair_out,
-                 const int64_t* offsets, const std::vector<char>& identity, at::Tensor& dw) {
-  const int64_t kvol = dw.size(0), c_in = x.size(1), c_out = dy.size(1);
-  const SplitK plan = plan_split_k(offsets, kvol, c_in, c_out, x.element_size(), dw);
-  const std::vector<KSegment>& segs = plan.segs;
-  const int64_t rows = plan.rows;
-  at::Tensor part = at::empty({plan.n_partials, c_in, c_out}, x.options());
-  PartialsCountdown sums(plan, kvol);
-  std::vector<int64_t> work(segs.size());
-  for (size_t i = 0; i < segs.size(); ++i) work[i] = segs[i].end - segs[i].begin;
-  const std::vector<int64_t> order = longest_first(work);
-  // FP32 and FP64 on AVX-512, FP32 with up to 64 output channels on AVX2: each segment in one pass over its
-  // pairs, no gather buffers (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
-  const bool fused_kernel = fused_cpu_gemm_enabled() && fused_weight_grad_ok_for(x.scalar_type(), c_in, c_out);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "weight_grad", [&] {
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const scalar_t* gp = dy.const_data_ptr<scalar_t>();
-    run_tasks<OneThreadGemm>(static_cast<int64_t>(segs.size()), [&] {
-      at::Tensor a = fused_kernel ? at::Tensor() : at::empty({rows, c_in}, x.options());
-      at::Tensor b = fused_kernel ? at::Tensor() : at::empty({rows, c_out}, x.options());
-      return [&, a, b](int64_t t) {
-        const KSegment& sg = segs[order[t]];
-        at::Tensor acc = sg.slot < 0 ? dw[sg.k] : part[sg.slot];
-        if (fused_kernel) {
-          fused_weight_grad(xp, c_in, c_in, gp, c_out, c_out, pair_in + sg.begin, pair_out + sg.begin,
-                            sg.end - sg.begin, false, acc.mutable_data_ptr<scalar_t>());
-        } else if (identity[sg.k]) {  // rows map to themselves: no gather
-          const int64_t r0 = sg.begin - offsets[sg.k], n = sg.end - sg.begin;
-          at::mm_out(acc, x.narrow(0, r0, n).t(), dy.narrow(0, r0, n));
-        } else {
-          for (int64_t c0 = sg.begin; c0 < sg.end; c0 += rows) {
-            const int64_t m = std::min(rows, sg.end - c0);
-            gather_rows(xp, c_in, pair_in + c0, m, a.mutable_data_ptr<scalar_t>());
-            gather_rows(gp, c_out, pair_out + c0, m, b.mutable_data_ptr<scalar_t>());
-            if (c0 == sg.begin) at::mm_out(acc, a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
-            else acc.addmm_(a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
-          }
-        }
-        sums.segment_done(sg, part.const_data_ptr<scalar_t>(), dw.mutable_data_ptr<scalar_t>(), c_in * c_out);
-      };
+// dw[k] = sum_p x[pair_in[p]]^T dy[pair_out[p]], split over K (the pairs, split_k.h), planned: each task (a
+// segment) sums its chunks' products (in pair order) into dw[k] or a partial of its own, and the last segment
+// of an offset to finish adds its partials into dw[k] in order.
+class WeightGradSegments {
+ public:
+  WeightGradSegments(const at::Tensor& x, const at::Tensor& dy, const int32_t* pair_in, const int32_t* pair_out,
+                     const int64_t* offsets, const std::vector<char>& identity, at::Tensor& dw)
+      : x_(x), dy_(dy), pair_in_(pair_in), pair_out_(pair_out), offsets_(offsets), identity_(identity), dw_(dw),
+        c_in_(x.size(1)), c_out_(dy.size(1)),
+        plan_(plan_split_k(offsets, dw.size(0), c_in_, c_out_, x.element_size(), dw)),
+        part_(at::empty({plan_.n_partials, c_in_, c_out_}, x.options())), sums_(plan_, dw.size(0)),
+        // FP32 and FP64 on AVX-512, FP32 with up to 64 output channels on AVX2: each segment in one pass over
+        // its pairs, no gather buffers (SPCONV_FUSED_CPU_GEMM=0: the vendor GEMM).
+        fused_(fused_cpu_gemm_enabled() && fused_weight_grad_ok_for(x.scalar_type(), c_in_, c_out_)) {
+    std::vector<int64_t> work(plan_.segs.size());
+    for (size_t i = 0; i < plan_.segs.size(); ++i) work[i] = plan_.segs[i].end - plan_.segs[i].begin;
+    order_ = longest_first(work);
+  }
+
+  int64_t tasks() const { return static_cast<int64_t>(plan_.segs.size()); }
+
+  TaskFn worker() const {
+    return AT_DISPATCH_FLOATING_TYPES(x_.scalar_type(), "weight_grad", [&]() -> TaskFn {
+      return typed_worker<scalar_t>();
     });
-  });
-}
+  }
+
+ private:
+  template <typename T>
+  TaskFn typed_worker() const {
+    const int64_t rows = plan_.rows;
+    at::Tensor a = fused_ ? at::Tensor() : at::empty({rows, c_in_}, x_.options());
+    at::Tensor b = fused_ ? at::Tensor() : at::empty({rows, c_out_}, x_.options());
+    return [this, a, b, rows](int64_t t) {
+      const T* xp = x_.const_data_ptr<T>();
+      const T* gp = dy_.const_data_ptr<T>();
+      const KSegment& sg = plan_.segs[order_[t]];
+      at::Tensor acc = sg.slot < 0 ? dw_[sg.k] : part_[sg.slot];
+      if (fused_) {
+        fused_weight_grad(xp, c_in_, c_in_, gp, c_out_, c_out_, pair_in_ + sg.begin, pair_out_ + sg.begin,
+                          sg.end - sg.begin, false, acc.mutable_data_ptr<T>());
+      } else if (identity_[sg.k]) {  // rows map to themselves: no gather
+        const int64_t r0 = sg.begin - offsets_[sg.k], n = sg.end - sg.begin;
+        at::mm_out(acc, x_.narrow(0, r0, n).t(), dy_.narrow(0, r0, n));
+      } else {
+        for (int64_t c0 = sg.begin; c0 < sg.end; c0 += rows) {
+          const int64_t m = std::min(rows, sg.end - c0);
+          gather_rows(xp, c_in_, pair_in_ + c0, m, a.mutable_data_ptr<T>());
+          gather_rows(gp, c_out_, pair_out_ + c0, m, b.mutable_data_ptr<T>());
+          if (c0 == sg.begin) at::mm_out(acc, a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
+          else acc.addmm_(a.narrow(0, 0, m).t(), b.narrow(0, 0, m));
+        }
+      }
+      sums_.segment_done(sg, part_.const_data_ptr<T>(), dw_.mutable_data_ptr<T>(), c_in_ * c_out_);
+    };
+  }
+
+  const at::Tensor& x_;
+  const at::Tensor& dy_;
+  const int32_t* pair_in_;
+  const int32_t* pair_out_;
+  const int64_t* offsets_;
+  const std::vector<char>& identity_;
+  at::Tensor& dw_;
+  int64_t c_in_, c_out_;
+  SplitK plan_;
+  at::Tensor part_;
+  mutable PartialsCountdown sums_;  // the tasks' shared countdown (atomic)
+  bool fused_;
+  std::vector<int64_t> order_;
+};
 
 // The fused backward of row blocks [b0, b1) (backward_by_row_blocks): their dX rows, and their pairs' dW products
 // summed into acc [kvol, c_in, c_out], offset by offset in block order. wt: W[k]^T as [kvol, c_out, c_in].
@@ -411,9 +488,10 @@ void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights
     return;
   }
   // dX is the forward of dY with W^T over the reversed pairs (blocked by input rows); dW goes split-K over
-  // the pairs, so neither limits the other's parallelism.
-  gather_gemm_scatter(dy, weights, /*transpose_w=*/true, pair_out, pair_in, offsets, dx, mirrored);
-  weight_grad(x, dy, pair_in, pair_out, offsets, identity, dw);
+  // the pairs, so neither limits the other's parallelism. Both in one region: dW's segments fill the end of
+  // dX's blocks, and one barrier instead of two.
+  run_passes(ForwardBlocks(dy, weights, /*transpose_w=*/true, pair_out, pair_in, offsets, dx, mirrored),
+             WeightGradSegments(x, dy, pair_in, pair_out, offsets, identity, dw));
 }
 
 }  // namespace native
