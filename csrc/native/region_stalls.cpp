@@ -65,6 +65,12 @@ void record_region_close(int64_t now_ns, int64_t busy_ns, int64_t idle_ns) {
   g_budget_ns.store(renewed, std::memory_order_relaxed);
 }
 
+bool finish_alone(int64_t elapsed_ns, int64_t done, int64_t left, int64_t budget_ns) {
+  // elapsed / done * left < budget (tasks come longest first: the estimate errs long).
+  return done > 0 && static_cast<double>(elapsed_ns) * static_cast<double>(left) <
+                         static_cast<double>(budget_ns) * static_cast<double>(done);
+}
+
 void record_serial_start(bool finished) {
   g_started_alone.fetch_add(1, std::memory_order_relaxed);
   if (finished) g_finished_alone.fetch_add(1, std::memory_order_relaxed);

@@ -9,6 +9,9 @@
 // of two or three, alone wins while W is below about S / 2. Measured on 2 cores beside 2 CPU hogs, alternating
 // the policies call by call: S / 2 was as fast as S or up to 20% faster on the strided 16- and 64-channel
 // layers, within 2% on the 16-channel SubM one.
+// When the budget runs out with little work left (at the pace of the tasks run so far, less than the budget),
+// the caller finishes alone: a late worker would cost more than that. Without this, a region a little longer
+// than its budget paid both (strided 16-channel backward beside 2 hogs: 4 ms alone, then 8 ms waiting).
 // On a quiet machine no region waits, the budget stays 0 and every region is parallel from its start.
 // SPCONV_CPU_SERIAL_START=0 keeps every region parallel from its start. Which thread runs a task never changes
 // the bits (run_tasks.h), so neither does this.
@@ -27,6 +30,10 @@ int64_t serial_budget_ns(int64_t now_ns);
 
 // A parallel region's caller ran tasks for busy_ns, then waited idle_ns for the region to close.
 void record_region_close(int64_t now_ns, int64_t busy_ns, int64_t idle_ns);
+
+// Whether a region whose caller ran `done` of its tasks alone in elapsed_ns, past its budget_ns, runs the
+// `left` others alone too: they would take less than the budget at the pace so far.
+bool finish_alone(int64_t elapsed_ns, int64_t done, int64_t left, int64_t budget_ns);
 
 // A region started on its caller alone (its budget was not 0); finished: all its tasks ran there.
 void record_serial_start(bool finished);

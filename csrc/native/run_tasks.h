@@ -49,7 +49,8 @@ void run_tasks(int64_t n, const MakeWorker& make_worker) {
     int64_t t = 0;
     while ((t = next.fetch_add(1, std::memory_order_relaxed)) < n) {
       task(t);
-      if (monotonic_ns() >= until) break;
+      const int64_t now = monotonic_ns();
+      if (now >= until && !finish_alone(now - start, t + 1, n - t - 1, budget)) break;
     }
     const bool finished = t >= n - 1;
     record_serial_start(finished);
