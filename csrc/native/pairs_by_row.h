@@ -4,15 +4,18 @@
 #include <cstdint>
 #include <vector>
 
+#include "uninit_vector.h"
+
 namespace spconv {
 namespace native {
 
 // Row r's pairs are entries [start[r], start[r + 1]), in kernel-offset order (the order the per-offset
 // kernels apply them in), so a per-row accumulation is reproducible whatever the thread count.
+// (Uninitialised on resize: the grouping writes every entry, in parallel for large maps.)
 struct PairsByRow {
-  std::vector<int64_t> start;   // [rows + 1]
-  std::vector<int32_t> other;   // the pair's row on the other side
-  std::vector<int32_t> offset;  // the pair's kernel offset
+  UninitVector<int64_t> start;   // [rows + 1]
+  UninitVector<int32_t> other;   // the pair's row on the other side
+  UninitVector<int32_t> offset;  // the pair's kernel offset
 };
 
 // Groups the pairs by key[p] (pair_in or pair_out) in [0, rows); other is the opposite side's array.
