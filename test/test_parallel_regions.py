@@ -118,6 +118,45 @@ def test_backward_runs_dinput_and_dfilter_in_one_region():
     assert feats.grad is not None and conv.weight.grad is not None
 
 
+def _kernel_maps(indices, shape, subm, threads, budget_ns):
+    """get_indice_pairs on `threads` threads with the serial budget set just before: every output, and the region
+    counters' change."""
+    out_shape = shape if subm else [(s + 2 - 3) // 2 + 1 for s in shape]
+    stride = [1, 1, 1] if subm else [2, 2, 2]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _set_budget(budget_ns)
+        before = _info()
+        got = torch.ops.spconv.get_indice_pairs(indices, 2, shape, out_shape, [3, 3, 3], stride, [1, 1, 1],
+                                                [1, 1, 1], subm, False)
+        after = _info()
+    finally:
+        _set_budget(0)
+        torch.set_num_threads(saved)
+    return [t.clone() for t in got if isinstance(t, torch.Tensor)], [a - b for a, b in zip(after, before)]
+
+
+@pytest.mark.parametrize("subm", [True, False])
+def test_small_kernel_maps_build_in_parallel_and_start_alone_when_busy(subm):
+    """The row-block passes of a map build (a few thousand rows each) are run_tasks regions: a 10k-row map is
+    parallel on a quiet machine, starts on the caller while regions have waited, and is the same either way."""
+    x = random_sparse(3, [96, 96, 48], 2, 1, density=0.012, seed=4)
+    assert 8_000 < x.indices.shape[0] < 14_000
+    shape = list(x.spatial_shape)
+    ref, _ = _kernel_maps(x.indices, shape, subm, 1, 0)
+    quiet, quiet_counts = _kernel_maps(x.indices, shape, subm, 2, 0)
+    busy, busy_counts = _kernel_maps(x.indices, shape, subm, 2, 50_000_000)
+    for a, b, c in zip(ref, quiet, busy):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    # Each pass is a run_tasks region: parallel, or started alone once one of them waited on a late thread (the
+    # test machine may be busy itself).
+    assert quiet_counts[REGIONS] + quiet_counts[STARTED_ALONE] >= 3
+    if quiet_counts[WAITED] == 0:
+        assert quiet_counts[STARTED_ALONE] == 0
+    assert busy_counts[STARTED_ALONE] >= 3 and busy_counts[FINISHED_ALONE] == busy_counts[STARTED_ALONE]
+
+
 def test_set_budget_rejects_negative():
     with pytest.raises(ValueError, match="ns must be >= 0"):
         _set_budget(-1)

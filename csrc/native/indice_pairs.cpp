@@ -8,26 +8,23 @@
 #include <limits>
 
 #include "radix_sort.h"
+#include "run_tasks.h"
 
 namespace spconv {
 namespace native {
 
 namespace {
 // Fixed row blocking: results must not depend on the thread count.
-constexpr int64_t kRowBlock = 4096;
+constexpr int64_t kRowBlock = 2048;
 
 int64_t num_blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
 
-// Blocks below which a pass runs on the calling thread. Measured on the 10k-voxel rows of the benchmark: one and
-// two threads build a map in the same time, while each parallel region costs a scheduler slice whenever a worker
-// waits behind other processes (a busy machine took 4.6x as long on two threads, 1.2x on one).
-constexpr int64_t kMinParallelBlocks = 4;
-
-// f(b0, b1) over the row blocks [0, nb): above kMinParallelBlocks one block per task, so that up to one thread
-// per block takes part (a 125k-row map has 31 blocks).
+// f(b) for each row block b in [0, nb), one block per task of run_tasks: on a quiet machine every block pass
+// with two blocks or more is parallel (a 10k-row map has 5 blocks, a 125k-row one 62); on a busy one run_tasks'
+// serial start keeps a small map on the calling thread instead of waiting for a late worker.
 template <typename F>
 void for_blocks(int64_t nb, const F& f) {
-  at::parallel_for(0, nb, nb < kMinParallelBlocks ? nb : 1, f);
+  run_tasks(nb, [&] { return [&](int64_t b) { f(b); }; });
 }
 
 // Packed keys of the rows, in row order.
@@ -221,9 +218,8 @@ int64_t build_subm_map(const int32_t* indices, int64_t n, const ConvGeometry& g,
   map.num_out = n;
   map.table.reset(new int32_t[static_cast<size_t>(n * g.kvol)]);
   int32_t* out = map.table.get();
-  for_blocks(num_blocks(n), [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      match_subm_block(indices, g, s, n, o, b * kRowBlock, std::min(n, (b + 1) * kRowBlock), out);
+  for_blocks(num_blocks(n), [&](int64_t b) {
+    match_subm_block(indices, g, s, n, o, b * kRowBlock, std::min(n, (b + 1) * kRowBlock), out);
   });
   return -1;
 }
@@ -363,9 +359,8 @@ Candidates list_candidates(const int32_t* indices, const ConvGeometry& g, bool t
                            int64_t n) {
   const int64_t nb = num_blocks(n);
   std::vector<Candidates> per_block(static_cast<size_t>(nb));
-  for_blocks(nb, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      block_candidates(indices, g, transpose, s, b * kRowBlock, std::min(n, (b + 1) * kRowBlock), per_block[b]);
+  for_blocks(nb, [&](int64_t b) {
+    block_candidates(indices, g, transpose, s, b * kRowBlock, std::min(n, (b + 1) * kRowBlock), per_block[b]);
   });
   // Concatenate the blocks in order.
   std::vector<int64_t> start(static_cast<size_t>(nb + 1), 0);
@@ -375,11 +370,9 @@ Candidates list_candidates(const int32_t* indices, const ConvGeometry& g, bool t
   Candidates cand;
   cand.key.resize(static_cast<size_t>(start[nb]));
   cand.slot.resize(static_cast<size_t>(start[nb]));
-  for_blocks(nb, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      std::copy(per_block[b].key.begin(), per_block[b].key.end(), cand.key.begin() + start[b]);
-      std::copy(per_block[b].slot.begin(), per_block[b].slot.end(), cand.slot.begin() + start[b]);
-    }
+  for_blocks(nb, [&](int64_t b) {
+    std::copy(per_block[b].key.begin(), per_block[b].key.end(), cand.key.begin() + start[b]);
+    std::copy(per_block[b].slot.begin(), per_block[b].slot.end(), cand.slot.begin() + start[b]);
   });
   return cand;
 }
@@ -507,10 +500,9 @@ void compact_block(const int32_t* table, int64_t r0, int64_t r1, int64_t kvol, c
 std::vector<int64_t> count_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, int64_t* pair_offsets) {
   const int64_t nb = num_blocks(num_rows);
   std::vector<int64_t> counts(static_cast<size_t>(nb * kvol), 0);
-  for_blocks(nb, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      count_block(map.table.get(), b * kRowBlock, std::min(num_rows, (b + 1) * kRowBlock), kvol,
-                  counts.data() + b * kvol);
+  for_blocks(nb, [&](int64_t b) {
+    count_block(map.table.get(), b * kRowBlock, std::min(num_rows, (b + 1) * kRowBlock), kvol,
+                counts.data() + b * kvol);
   });
   pair_offsets[0] = 0;
   for (int64_t k = 0; k < kvol; ++k) {
@@ -536,11 +528,12 @@ void compact_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, const i
   }
   int32_t* rows_dst = map.rows_are_outputs ? pair_out : pair_in;
   int32_t* partner_dst = map.rows_are_outputs ? pair_in : pair_out;
-  for_blocks(nb, [&](int64_t b0, int64_t b1) {
-    std::vector<int32_t> buf;
-    for (int64_t b = b0; b < b1; ++b)
+  // As for_blocks, with one buffer per thread.
+  run_tasks(nb, [&] {
+    return [&, buf = std::vector<int32_t>()](int64_t b) mutable {
       compact_block(map.table.get(), b * kRowBlock, std::min(num_rows, (b + 1) * kRowBlock), kvol,
                     start.data() + b * kvol, rows_dst, partner_dst, buf);
+    };
   });
 }
 
