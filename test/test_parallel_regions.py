@@ -140,7 +140,7 @@ def _kernel_maps(indices, shape, subm, threads, budget_ns):
 @pytest.mark.parametrize("subm", [True, False])
 def test_small_kernel_maps_build_in_parallel_and_start_alone_when_busy(subm):
     """The row-block passes of a map build (a few thousand rows each) are run_tasks regions: a 10k-row map is
-    parallel on a quiet machine, starts on the caller while regions have waited, and is the same either way."""
+    parallel on a quiet machine, stays on the caller while regions have waited, and is the same either way."""
     x = random_sparse(3, [96, 96, 48], 2, 1, density=0.012, seed=4)
     assert 8_000 < x.indices.shape[0] < 14_000
     shape = list(x.spatial_shape)
@@ -149,12 +149,13 @@ def test_small_kernel_maps_build_in_parallel_and_start_alone_when_busy(subm):
     busy, busy_counts = _kernel_maps(x.indices, shape, subm, 2, 50_000_000)
     for a, b, c in zip(ref, quiet, busy):
         assert torch.equal(a, b) and torch.equal(a, c)
-    # Each pass is a run_tasks region: parallel, or started alone once one of them waited on a late thread (the
-    # test machine may be busy itself).
-    assert quiet_counts[REGIONS] + quiet_counts[STARTED_ALONE] >= 3
+    # Each pass is a parallel region; if one of them waited on a late thread (the test machine may be busy
+    # itself), the passes after it run on the caller.
     if quiet_counts[WAITED] == 0:
-        assert quiet_counts[STARTED_ALONE] == 0
-    assert busy_counts[STARTED_ALONE] >= 3 and busy_counts[FINISHED_ALONE] == busy_counts[STARTED_ALONE]
+        assert quiet_counts[REGIONS] >= 3 and quiet_counts[STARTED_ALONE] == 0
+    else:
+        assert quiet_counts[REGIONS] >= 1
+    assert busy_counts[REGIONS] == 0 and busy_counts[STARTED_ALONE] == 0
 
 
 def test_set_budget_rejects_negative():

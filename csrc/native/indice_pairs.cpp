@@ -19,11 +19,21 @@ constexpr int64_t kRowBlock = 2048;
 
 int64_t num_blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
 
+// Rows below which a map's passes stay on the calling thread while parallel regions wait on late threads (a
+// busy machine), as they always did before: five small regions more per layer are five more chances to wait
+// for a preempted worker (uncached SubM 16-channel 10k layer beside 2 CPU hogs, medians of 7 calls: 24, 16 and
+// 24 ms with its map passes parallel, 15, 14 and 14 ms with them on the caller).
+constexpr int64_t kBusySerialRows = 16384;
+
 // f(b) for each row block b in [0, nb), one block per task of run_tasks: on a quiet machine every block pass
-// with two blocks or more is parallel (a 10k-row map has 5 blocks, a 125k-row one 62); on a busy one run_tasks'
-// serial start keeps a small map on the calling thread instead of waiting for a late worker.
+// with two blocks or more is parallel (a 10k-row map has 5 blocks, a 125k-row one 62); on a busy one a small
+// map runs on the calling thread and a larger one gets run_tasks' serial start.
 template <typename F>
 void for_blocks(int64_t nb, const F& f) {
+  if (nb * kRowBlock < kBusySerialRows && serial_budget_ns(monotonic_ns()) > 0) {
+    for (int64_t b = 0; b < nb; ++b) f(b);
+    return;
+  }
   run_tasks(nb, [&] { return [&](int64_t b) { f(b); }; });
 }
 
@@ -528,12 +538,10 @@ void compact_pairs(const KernelMap& map, int64_t num_rows, int64_t kvol, const i
   }
   int32_t* rows_dst = map.rows_are_outputs ? pair_out : pair_in;
   int32_t* partner_dst = map.rows_are_outputs ? pair_in : pair_out;
-  // As for_blocks, with one buffer per thread.
-  run_tasks(nb, [&] {
-    return [&, buf = std::vector<int32_t>()](int64_t b) mutable {
-      compact_block(map.table.get(), b * kRowBlock, std::min(num_rows, (b + 1) * kRowBlock), kvol,
-                    start.data() + b * kvol, rows_dst, partner_dst, buf);
-    };
+  for_blocks(nb, [&](int64_t b) {
+    std::vector<int32_t> buf;
+    compact_block(map.table.get(), b * kRowBlock, std::min(num_rows, (b + 1) * kRowBlock), kvol,
+                  start.data() + b * kvol, rows_dst, partner_dst, buf);
   });
 }
 
