@@ -20,9 +20,9 @@ constexpr int64_t kRowBlock = 2048;
 int64_t num_blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
 
 // Rows below which a map's passes stay on the calling thread while parallel regions wait on late threads (a
-// busy machine), as they always did before: five small regions more per layer are five more chances to wait
-// for a preempted worker (uncached SubM 16-channel 10k layer beside 2 CPU hogs, medians of 7 calls: 24, 16 and
-// 24 ms with its map passes parallel, 15, 14 and 14 ms with them on the caller).
+// busy machine): each of a small map's five passes run in parallel is one more chance to wait for a preempted
+// worker (uncached SubM 16-channel 10k layer beside 2 CPU hogs, medians of 7 calls: 24, 16 and 24 ms with its
+// map passes parallel, 15, 14 and 14 ms with them on the caller).
 constexpr int64_t kBusySerialRows = 16384;
 
 // f(b) for each row block b in [0, nb), one block per task of run_tasks: on a quiet machine every block pass
