@@ -151,3 +151,27 @@ def test_brute_force_agrees_with_dense_3d(kind):
     a = dense_reference(kind, x, layer.weight.detach(), out.indices, out.spatial_shape, [s] * 3, [1] * 3, [1] * 3)
     b = brute_force(kind, x, layer.weight.detach(), out.indices, out.spatial_shape, [s] * 3, [1] * 3, [1] * 3)
     torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", ["subm", "conv"])
+def test_wide_layer_with_large_weight_layouts(kind):
+    """192 -> 224 channels, 3^3: a 4.6 MB weight, whose layout changes (filters, the dinput pass's transposed
+    filters, the filter gradient back to spconv's layout) are written with streaming stores on x86 (from 4 MB):
+    forward, dinput and dfilter against the dense FP64 reference."""
+    torch.manual_seed(2)
+    cin, cout, shape = 192, 224, [7, 6, 5]
+    layer = (spconv.SubMConv3d(cin, cout, 3) if kind == "subm" else spconv.SparseConv3d(cin, cout, 3, 2, 1))
+    x = random_sparse(3, shape, 2, cin, density=0.3, seed=4)
+    x.features.requires_grad_(True)
+    out = layer(x)
+    grad = torch.randn_like(out.features)
+    (out.features * grad).sum().backward()
+    x64 = spconv.SparseConvTensor(x.features.detach().double().requires_grad_(True), x.indices, shape, 2)
+    w64 = layer.weight.detach().double().requires_grad_(True)
+    s, p = (1, 0) if kind == "subm" else (2, 1)
+    ref = dense_reference(kind, x64, w64, out.indices, out.spatial_shape, [s] * 3, [p] * 3, [1] * 3)
+    ref = ref + layer.bias.detach().double()
+    (ref * grad.double()).sum().backward()
+    torch.testing.assert_close(out.features.double(), ref.detach(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(x.features.grad.double(), x64.features.grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(layer.weight.grad.double(), w64.grad, atol=1e-4, rtol=1e-4)

@@ -34,17 +34,23 @@ def test_matches_the_permute_and_inverts(nd, cout, cig, groups, dtype):
     assert torch.equal(torch.ops.spconv.filters_to_weight(f, KERNELS[nd]), w)
 
 
-def test_large_weights_run_in_parallel_with_the_same_result():
-    """256 -> 256 3^3 (7 MB): the parallel path (tasks of rows through every offset), 1 and 2 threads."""
-    w = _weight(256, [3, 3, 3], 256)
-    ref = _permuted(w, 1)
+@pytest.mark.parametrize("cout,cig,groups", [(256, 256, 1), (264, 150, 1), (512, 80, 2)])
+def test_large_weights_run_in_parallel_with_the_same_result(cout, cig, groups):
+    """Weights of 4.3-7 MB: the parallel path (tasks of rows through every offset), 1 and 2 threads, written with
+    streaming stores where whole tiles align (AVX2: 256 x 256 both ways, 264 x 150 to filters with partial tiles
+    at the edges, 512 x 80 in 2 groups both ways; AVX-512: 256 x 256 and 512 x 80). Raw bits, NaN payloads
+    included."""
+    g = torch.Generator().manual_seed(cout)
+    bits = torch.randint(-2**31, 2**31 - 1, (cout, 3, 3, 3, cig), dtype=torch.int32, generator=g)
+    w = bits.view(torch.float32)
+    ref = _permuted(bits, groups)
     old = torch.get_num_threads()
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            f = torch.ops.spconv.weight_to_filters(w, 1)
-            assert torch.equal(f, ref)
-            assert torch.equal(torch.ops.spconv.filters_to_weight(f, [3, 3, 3]), w)
+            f = torch.ops.spconv.weight_to_filters(w, groups)
+            assert torch.equal(f.view(torch.int32), ref)
+            assert torch.equal(torch.ops.spconv.filters_to_weight(f, [3, 3, 3]).view(torch.int32), bits)
     finally:
         torch.set_num_threads(old)
 

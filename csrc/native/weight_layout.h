@@ -6,6 +6,7 @@
 // elements move as whole 16 x 16 tiles through AVX-512 (8 x 8: AVX2) registers (3x3x3 weights on one thread:
 // 64 and 96 channels 1.7x, 256 1.3x, 128 and 192 1.1x faster than element by element, where memory bounds it). Work of
 // at least ~512 KB runs in parallel, split by blocks of rows; the result does not depend on the thread count.
+// Outputs of 4 MB or more (224 channels and up at 3x3x3) are written with streaming stores (weight_layout.cpp).
 #pragma once
 #include <cstdint>
 
