@@ -138,7 +138,7 @@ def _kernel_maps(indices, shape, subm, threads, budget_ns):
 
 
 @pytest.mark.parametrize("subm", [True, False])
-def test_small_kernel_maps_build_in_parallel_and_start_alone_when_busy(subm):
+def test_small_kernel_maps_build_in_parallel_and_on_the_caller_when_busy(subm):
     """The row-block passes of a map build (a few thousand rows each) are run_tasks regions: a 10k-row map is
     parallel on a quiet machine, stays on the caller while regions have waited, and is the same either way."""
     x = random_sparse(3, [96, 96, 48], 2, 1, density=0.012, seed=4)
