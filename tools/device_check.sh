@@ -2,7 +2,7 @@
 # One-shot check on a GPU machine (NVIDIA with a CUDA build of torch, or AMD/Hygon with a ROCm/DTK build):
 # builds the extension for the local GPU, times the fused / native / torch.mm routes on the reference
 # SubMConv3d layer, runs the GPU tests, a short benchmark, and compute-sanitizer (memcheck, racecheck) on a
-# small normal case and a duplicate-coordinate case; prints a summary. Sized for a short GPU session: about
+# small normal case and a duplicate-coordinate case; prints a summary. Short on purpose, about
 # 7 minutes on a 16-core machine in all (every phase has its own time limit, the sanitizer stops starting
 # cases at SANITIZE_UNTIL seconds, default 420; the CPU-only tests are CI's job). On an H200: build 50 s, tests
 # 70 s, benchmark 40 s, memcheck about 20 s a case, racecheck over 60 s a case.
