@@ -30,17 +30,105 @@ def _with_indices(x, indices, batch_size=None):
     (lambda x: (x.features, x.indices.float(), SHAPE, 2), TypeError, ["indices", "int32"]),
     (lambda x: (x.features, x.indices.reshape(-1), SHAPE, 2), ValueError, ["indices", "2-D"]),
     (lambda x: (x.features.reshape(-1), x.indices, SHAPE, 2), ValueError, ["features", "2-D"]),
-    (lambda x: (x.features[:-1], x.indices, SHAPE, 2), ValueError, ["features", "rows", "indices"]),
     (lambda x: (x.features, x.indices, SHAPE[:2], 2), ValueError, ["spatial_shape"]),
     (lambda x: (x.features, x.indices, SHAPE + [3], 2), ValueError, ["spatial_shape"]),
     (lambda x: (x.features, x.indices, SHAPE, 0), ValueError, ["batch_size"]),
-    (lambda x: (x.features.to("meta"), x.indices, SHAPE, 2), ValueError, ["features", "indices", "meta"]),
 ])
 def test_tensor_construction(make, exc, words):
     with pytest.raises(exc) as info:
         spconv_pt.SparseConvTensor(*make(_tensor()))
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+# ---- consistency, checked where the tensor is consumed (spconv 2.x constructs anything row-wise) ----
+
+def _fewer_feature_rows(x):
+    return x.replace_feature(x.features[:-1])
+
+
+def _indices_assigned_later(x):
+    x.indices = torch.cat([x.indices, x.indices[:2]])  # replace_feature's partner statement never came
+    return x
+
+
+def _indices_int64(x):
+    x.indices = x.indices.long()
+    return x
+
+
+def _features_on_meta(x):
+    return x.replace_feature(x.features.to("meta"))
+
+
+CONSUMERS = {
+    "subm": lambda x: spconv_pt.SubMConv3d(3, 4, 3)(x),
+    "conv": lambda x: spconv_pt.SparseConv3d(3, 4, 3, 2, 1)(x),
+    "conv1x1": lambda x: spconv_pt.SubMConv3d(3, 4, 1)(x),
+    "maxpool": lambda x: spconv_pt.SparseMaxPool3d(2, 2)(x),
+    "global_pool": lambda x: spconv_pt.SparseGlobalMaxPool()(x),
+    "dense": lambda x: x.dense(),
+    "dense_channels_last": lambda x: x.dense(channels_first=False),
+    "to_dense": lambda x: spconv_pt.ToDense()(x),
+    "sparse_add": lambda x: spconv_pt.functional.sparse_add(x, x),
+    "add_table": lambda x: spconv_pt.AddTable()([x, x]),
+    "join_table": lambda x: spconv_pt.JoinTable()([x, x]),
+    "remove_duplicate": lambda x: spconv_pt.RemoveDuplicate()(x),
+}
+
+
+@pytest.mark.parametrize("consumer", sorted(CONSUMERS))
+@pytest.mark.parametrize("fault, exc, words", [
+    (_fewer_feature_rows, ValueError, ["features and indices", "rows", "expected {n}, got {n_minus_1}"]),
+    (_indices_assigned_later, ValueError, ["features and indices", "rows", "expected {n_plus_2}, got {n}"]),
+    (_indices_int64, TypeError, ["indices", "int32"]),
+    (_features_on_meta, ValueError, ["features", "indices", "meta"]),
+])
+def test_inconsistent_tensor_fails_where_consumed(consumer, fault, exc, words):
+    n = _tensor().indices.shape[0]
+    x = fault(_tensor())  # building it is allowed, as in spconv 2.x
+    with pytest.raises(exc) as info:
+        CONSUMERS[consumer](x)
+    for w in words:
+        w = w.format(n=n, n_minus_1=n - 1, n_plus_2=n + 2)
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_features_and_indices_replaced_in_two_statements():
+    """VoxelNeXt's pattern: features of two tensors concatenated by replace_feature, the indices assigned on the
+    next statement after in-place arithmetic on one of them; the layers that consume the result see it whole."""
+    a = random_sparse(3, SHAPE, 1, 3, density=0.2, seed=1)
+    b = random_sparse(3, SHAPE, 1, 3, density=0.2, seed=2)
+    b.indices[:, 0] += 1  # in place: b becomes batch entry 1
+    x = a.replace_feature(torch.cat([a.features, b.features]))
+    x.indices = torch.cat([a.indices, b.indices])
+    x.batch_size = 2
+    whole = spconv_pt.SparseConvTensor(x.features.clone(), x.indices.clone(), SHAPE, 2)
+    conv = spconv_pt.SubMConv3d(3, 4, 3, bias=False)
+    torch.testing.assert_close(conv(x).dense(), conv(whole).dense())
+    ref = F.conv3d(whole.dense(), conv.weight.permute(0, 4, 1, 2, 3), padding=1)
+    torch.testing.assert_close(conv(x).dense(), ref * (whole.dense().abs().sum(1, keepdim=True) > 0),
+                               atol=1e-5, rtol=1e-5)
+    # sites merged by torch.unique(return_inverse=True), as the clients' BEV heads do
+    x.indices[:, 1] = 0
+    uniq, inverse = torch.unique(x.indices, dim=0, return_inverse=True)
+    feats = x.features.new_zeros(len(uniq), 3).index_add_(0, inverse, x.features)
+    bev = x.replace_feature(feats)
+    bev.indices = uniq.int()
+    torch.testing.assert_close(bev.dense().sum(2), whole.dense().sum(2))
+
+
+def test_in_place_index_edits_between_layers_are_seen():
+    """Nothing cached on a tensor hides an in-place edit of its indices: the next layer builds its map from the
+    edited coordinates (a map stored under an indice_key stays the user's responsibility, as in spconv 2.x)."""
+    x = _tensor()
+    conv = spconv_pt.SparseConv3d(3, 4, 2, 2, bias=False)
+    before = conv(x).dense()
+    x.indices[:, 1:] = torch.tensor(SHAPE, dtype=torch.int32) - 1 - x.indices[:, 1:]  # mirror each axis
+    fresh = spconv_pt.SparseConvTensor(x.features, x.indices.clone(), SHAPE, 2)
+    after = conv(x).dense()
+    torch.testing.assert_close(after, conv(fresh).dense())
+    assert not torch.equal(after, before)
 
 
 # ---- coordinates, checked when a layer builds its kernel map ----

@@ -167,6 +167,9 @@ class SparseConvForward:
         result is qint8 with scale ``output_scale`` (the residual and activation are applied in the kernel)."""
         if not isinstance(input, SparseConvTensor):
             raise TypeError(f"{type(self).__name__} expects a SparseConvTensor, got {type(input).__name__}")
+        input.check_consistent(type(self).__name__)
+        if add_input is not None:
+            add_input.check_consistent(f"{type(self).__name__} add_input")
         act = self._act if act_type is None else _activation_name(act_type)
         alpha = self.act_alpha if act_alpha is None else act_alpha
         features = input.features

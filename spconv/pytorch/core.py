@@ -269,9 +269,8 @@ class SparseConvTensor(metaclass=_TraceableMeta):
         spatial_shape = [int(v) for v in spatial_shape]
         if len(spatial_shape) != ndim:
             raise ValueError(f"spatial_shape has {len(spatial_shape)} entries but indices have {ndim} coordinates")
-        check_equal(features.shape[0], indices.shape[0], "features and indices must have the same number of rows")
-        if features.device != indices.device:
-            raise ValueError(f"features are on {features.device} but indices on {indices.device}")
+        # Rows and devices are checked where the tensor is consumed (check_consistent), not here: as in spconv 2.x,
+        # features and indices may disagree between two statements (replace_feature, then `x.indices = ...`).
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._features = features
@@ -288,6 +287,28 @@ class SparseConvTensor(metaclass=_TraceableMeta):
         self._timer = None
         self.force_algo = force_algo
         self.int8_scale = None
+
+    def check_consistent(self, who: str) -> None:
+        """ValueError (TypeError for a dtype) naming ``who`` unless features and indices can be consumed together:
+        a 2-D features tensor, int32 ``indices [N, 1 + ndim]`` with as many rows, on the same device, and
+        ``spatial_shape`` of ndim entries. Layers, ``dense()`` and the ops call it on their input, so that the
+        tensor may be edited in place or rebuilt piecewise between two layers, as spconv 2.x allows."""
+        features, indices = self._features, self.indices
+        if not isinstance(features, torch.Tensor) or features.dim() != 2:
+            raise ValueError(f"{who}: features must be a 2-D tensor [N, C], got "
+                             f"{tuple(features.shape) if isinstance(features, torch.Tensor) else type(features)}")
+        if not isinstance(indices, torch.Tensor) or indices.dim() != 2:
+            raise ValueError(f"{who}: indices must be a 2-D int32 tensor [N, 1 + ndim], got "
+                             f"{tuple(indices.shape) if isinstance(indices, torch.Tensor) else type(indices)}")
+        if indices.dtype != torch.int32:
+            raise TypeError(f"{who}: indices must be int32 (spconv layout), got {indices.dtype}")
+        if len(self.spatial_shape) != indices.shape[1] - 1:
+            raise ValueError(f"{who}: spatial_shape {list(self.spatial_shape)} has {len(self.spatial_shape)} entries "
+                             f"but indices have {indices.shape[1] - 1} coordinates")
+        check_equal(features.shape[0], indices.shape[0],  # the message names the sizes
+                    f"{who}: features and indices must have the same number of rows")
+        if features.device != indices.device:
+            raise ValueError(f"{who}: features are on {features.device} but indices on {indices.device}")
 
     def __repr__(self):
         return (f"SparseConvTensor[shape={tuple(self._features.shape)}, spatial_shape={self.spatial_shape}, "
@@ -387,6 +408,7 @@ class SparseConvTensor(metaclass=_TraceableMeta):
 
     def dense(self, channels_first: bool = True) -> torch.Tensor:
         """``[B, C, *spatial]`` (or ``[B, *spatial, C]``); inactive sites are zero."""
+        self.check_consistent("dense()")
         check_indices_in_grid(self.indices, self.spatial_shape, self.batch_size)  # else rows would wrap silently
         indices = self.indices.to(self._features.device).long()
         values = self._features

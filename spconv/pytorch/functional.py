@@ -190,6 +190,7 @@ def _check_addable(tens) -> None:
     for i, t in enumerate(tens):
         if not isinstance(t, SparseConvTensor):
             raise TypeError(f"sparse_add: argument {i} is a {type(t).__name__}, not a SparseConvTensor")
+        t.check_consistent(f"sparse_add argument {i}")
         if t.spatial_shape != first.spatial_shape or t.batch_size != first.batch_size:
             raise ValueError(f"sparse_add: argument {i} has spatial_shape {t.spatial_shape} and batch_size "
                              f"{t.batch_size}, argument 0 has {first.spatial_shape} and {first.batch_size}")

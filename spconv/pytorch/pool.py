@@ -89,6 +89,7 @@ class _SparsePoolBase(SparseModule):
     def forward(self, input: SparseConvTensor) -> SparseConvTensor:
         if not isinstance(input, SparseConvTensor):
             raise TypeError(f"{type(self).__name__} expects a SparseConvTensor, got {type(input).__name__}")
+        input.check_consistent(type(self).__name__)
         if len(input.spatial_shape) != self.ndim:
             raise ValueError(f"{type(self).__name__} is {self.ndim}-D but the input's spatial_shape is "
                              f"{input.spatial_shape}")
@@ -195,6 +196,7 @@ class SparseGlobalMaxOrAvgPool(SparseModule):
     def forward(self, input: SparseConvTensor) -> torch.Tensor:
         if not isinstance(input, SparseConvTensor):
             raise TypeError(f"{type(self).__name__} expects a SparseConvTensor, got {type(input).__name__}")
+        input.check_consistent(type(self).__name__)
         features = input.features
         batch = input.indices[:, 0].to(device=features.device, dtype=torch.long)
         out = features.new_zeros((input.batch_size, features.shape[1]))

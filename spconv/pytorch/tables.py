@@ -21,6 +21,7 @@ def _check_aligned(tensors: List[SparseConvTensor], who: str, same_channels: boo
     for i, t in enumerate(tensors):
         if not isinstance(t, SparseConvTensor):
             raise TypeError(f"{who}: input {i} is a {type(t).__name__}, not a SparseConvTensor")
+        t.check_consistent(f"{who} input {i}")
         if t.spatial_shape != first.spatial_shape or t.batch_size != first.batch_size:
             raise ValueError(f"{who}: input {i} has spatial_shape {t.spatial_shape} and batch_size {t.batch_size}, "
                              f"input 0 has {first.spatial_shape} and {first.batch_size}")
@@ -104,6 +105,7 @@ class RemoveDuplicate(SparseModule):
     def forward(self, x: SparseConvTensor) -> SparseConvTensor:
         if not isinstance(x, SparseConvTensor):
             raise TypeError(f"RemoveDuplicate expects a SparseConvTensor, got {type(x).__name__}")
+        x.check_consistent("RemoveDuplicate")
         keys = Fsp.linear_coordinate_keys(x.indices, x.spatial_shape)
         first = Fsp.first_occurrence_rows(keys)
         out = x.with_structure(x.features[first], x.indices[first], x.spatial_shape, {})
