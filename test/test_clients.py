@@ -75,8 +75,9 @@ def test_live_networks_against_reference(tmp_path):
             _check_against(name, _outputs(name, dtype), theirs, TOL[dtype])
     with np.load(CAPTURED) as stored:  # the committed capture is still what spconv 2.3.8 computes
         fresh = np.load(tmp_path / "forward_float64.npz")
-        assert sorted(stored.files) == sorted(fresh.files)
-        for k in stored.files:
+        mine = sorted(k for k in stored.files if k.split("/", 1)[0] in nets.BUILDERS)  # the rest: backbones' test
+        assert mine == sorted(fresh.files)
+        for k in mine:
             assert np.array_equal(stored[k], fresh[k]) or _rel(stored[k], fresh[k]) < 1e-12, k
 
 
