@@ -28,7 +28,7 @@ ABOUT = os.path.join(DATA, "spconv238_client_outputs.json")
 WORKER = os.path.join(HERE, "reference_worker.py")
 BUILDERS = {**nets.BUILDERS, **client_backbones.BUILDERS}
 OUT_TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
-GRAD_TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
+GRAD_TOL = {torch.float64: 1e-10, torch.float32: 3e-5}  # measured worst: 1.5e-14, 4.2e-6
 # The site sets of these depend on ranking scores (top-k, nearest points), which bfloat16 may reorder.
 AUTOCAST_NETS = sorted(set(BUILDERS) - {"pcdet_focal", "mmdet3d_sassd"})
 
