@@ -291,9 +291,80 @@ def output_arrays(sp, outputs):
     arrays = {}
     for name, y in outputs.items():
         if isinstance(y, sp.SparseConvTensor):
-            arrays[f"{name}.features"] = y.features.detach().cpu().numpy()
+            f = y.features.detach().cpu()
+            arrays[f"{name}.features"] = (f.float() if f.dtype == torch.bfloat16 else f).numpy()
             arrays[f"{name}.indices"] = y.indices.cpu().numpy()
             arrays[f"{name}.spatial_shape"] = torch.tensor(list(y.spatial_shape)).numpy()
         else:
-            arrays[f"{name}.dense"] = y.detach().cpu().numpy()
+            d = y.detach().cpu()
+            arrays[f"{name}.dense"] = (d.float() if d.dtype == torch.bfloat16 else d).numpy()
     return arrays
+
+
+def _loss_weights(sp, y):
+    """Fixed weights for a scalar loss over an output; a sparse output's depend on each row's coordinates, not on
+    its position, since the row order of a strided conv's output is not promised."""
+    if isinstance(y, sp.SparseConvTensor):
+        idx = y.indices.to(torch.float64)
+        site = (idx * torch.arange(1, idx.shape[1] + 1, dtype=torch.float64) * 0.37).sum(dim=1, keepdim=True)
+        chan = torch.arange(y.features.shape[1], dtype=torch.float64) * 0.61
+        return torch.sin(site + chan + 0.3)
+    return torch.sin(torch.arange(y.numel(), dtype=torch.float64) * 0.013 + 0.3).reshape(y.shape)
+
+
+def net_loss(sp, outputs):
+    """A scalar over every output that carries a gradient, with _loss_weights (accumulated in FP64)."""
+    values = [(y, y.features if isinstance(y, sp.SparseConvTensor) else y) for y in outputs.values()]
+    return sum(v.double().mul(_loss_weights(sp, y)).sum() for y, v in values if v.requires_grad)
+
+
+def build_net(sp, builders, name, dtype):
+    """The named network with client_nets' fixed weights, BatchNorm in eval; a class with ``LOAD`` set to
+    "mmdet3d_spconv1" gets them from an mmcv spconv 1.x checkpoint through mmdetection3d's load hook."""
+    cls = builders[name]
+    cin = getattr(cls, "INPUT", {}).get("cin", 4)
+    net = cls(sp, cin)
+    state = deterministic_state(net)
+    if getattr(cls, "LOAD", None) == "mmdet3d_spconv1":
+        src = cls(sp, cin)
+        src.load_state_dict(state)
+        saved = {k: sp.SparseModule.__dict__.get(k, None) for k in ("_version", "_load_from_state_dict")}
+        sp.SparseModule._version = 2
+        sp.SparseModule._load_from_state_dict = mmdet3d_style_load
+        try:
+            net.load_state_dict(spconv1_state(src), strict=True)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    delattr(sp.SparseModule, k)
+                else:
+                    setattr(sp.SparseModule, k, v)
+    else:
+        net.load_state_dict(state)
+    return eval_mode(sp, net.to(dtype))
+
+
+def net_input(sp, builders, name, dtype):
+    spec = dict(getattr(builders[name], "INPUT", {}))
+    return make_input(sp, cin=spec.get("cin", 4), shape=spec.get("shape", (17, 16, 16)),
+                      n_per_batch=spec.get("n", 200), dtype=dtype)
+
+
+def run_net(sp, builders, name, dtype, backward=False, autocast_dtype=None):
+    """Outputs (``output_arrays``) of one network and, with ``backward``, the gradients of a fixed scalar loss
+    with respect to the input features ("input") and every parameter (by name). ``autocast_dtype`` runs the
+    forward and the loss under torch.autocast on the CPU with FP32 weights."""
+    net = build_net(sp, builders, name, dtype if autocast_dtype is None else torch.float32)
+    x = net_input(sp, builders, name, dtype if autocast_dtype is None else torch.float32)
+    x.features.requires_grad_(backward)
+    with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None), \
+            torch.set_grad_enabled(backward):
+        out = net(x)
+        loss = net_loss(sp, out)
+    arrays = output_arrays(sp, out)
+    if not backward:
+        return arrays, {}
+    loss.backward()
+    grads = {"input": x.features.grad.detach().cpu().numpy()}
+    grads.update({k: p.grad.detach().cpu().numpy() for k, p in net.named_parameters() if p.grad is not None})
+    return arrays, grads

@@ -179,25 +179,72 @@ def collect_facts():
     return facts
 
 
+def _builders():
+    return {**_load_sibling("client_nets").BUILDERS, **_load_sibling("client_backbones").BUILDERS}
+
+
+def _cpu_stream_shim(ops):
+    """spconv 2.3.8's CPU-only build asks torch.cuda for the current stream in its conv backward
+    (ops.indice_conv_backward -> cppcore.get_current_stream), which raises "Torch not compiled with CUDA enabled";
+    its CPU kernels take no stream, so a null handle lets its own backward run."""
+    import torch
+    if not torch.cuda.is_available() and hasattr(ops, "get_current_stream"):
+        ops.get_current_stream = lambda: 0
+        return True
+    return False
+
+
 def run_forward(job_dir, job):
-    """Builds each named client network with client_nets' fixed weights and input; saves its outputs."""
+    """Runs each named client network (client_nets' fixed weights and inputs); saves its outputs and, with
+    ``backward``, the gradients of client_nets.run_net's fixed loss."""
     import numpy as np
     import torch
     import spconv.pytorch as sp
     nets = _load_sibling("client_nets")
+    builders = _builders()
     torch.set_num_threads(1)  # spconv 2.3.8's CPU scatter-add races under more threads
+    shim = _cpu_stream_shim(importlib.import_module("spconv.pytorch.ops")) if job.get("backward") else False
     for dtype_name in job["dtypes"]:
         dtype = getattr(torch, dtype_name)
-        arrays = {}
+        arrays, grads = {}, {}
         for name in job["nets"]:
-            net = nets.BUILDERS[name](sp, 4)
-            net.load_state_dict(nets.deterministic_state(net))
-            net = nets.eval_mode(sp, net.to(dtype))
-            with torch.no_grad():
-                out = net(nets.make_input(sp, dtype=dtype))
-            arrays.update({f"{name}/{k}": v for k, v in nets.output_arrays(sp, out).items()})
+            out, grad = nets.run_net(sp, builders, name, dtype, backward=bool(job.get("backward")))
+            arrays.update({f"{name}/{k}": v for k, v in out.items()})
+            grads.update({f"{name}/{k}": v for k, v in grad.items()})
         np.savez_compressed(os.path.join(job_dir, f"forward_{dtype_name}.npz"), **arrays)
-    return {"nets": job["nets"], "dtypes": job["dtypes"]}
+        if job.get("backward"):
+            np.savez_compressed(os.path.join(job_dir, f"grads_{dtype_name}.npz"), **grads)
+    return {"nets": job["nets"], "dtypes": job["dtypes"], "backward_stream_shim": shim}
+
+
+def run_autocast(job_dir, job):
+    """What the CPU autocast (bfloat16) forward of each named network does here: its output dtypes, or the error."""
+    import torch
+    import spconv.pytorch as sp
+    nets = _load_sibling("client_nets")
+    builders = _builders()
+    result = {}
+    for name in job["nets"]:
+        try:
+            out, _ = nets.run_net(sp, builders, name, torch.float32, autocast_dtype=torch.bfloat16)
+            result[name] = {"ok": sorted(out)}
+        except Exception as e:  # the finding is recorded as it is
+            result[name] = {"error": f"{type(e).__name__}: {e}"}
+    return result
+
+
+def environment():
+    import numpy as np
+    import torch
+    import spconv
+    out = {"spconv": spconv.__version__, "torch": torch.__version__, "numpy": np.__version__,
+           "python": sys.version.split()[0]}
+    try:
+        import cumm
+        out["cumm"] = cumm.__version__
+    except ImportError:
+        out["cumm"] = None
+    return out
 
 
 def run_mmdet3d_load(job_dir, job):
@@ -239,11 +286,13 @@ def main(job_dir):
     with open(os.path.join(job_dir, "job.json")) as fh:
         job = json.load(fh)
     import spconv
-    result = {"spconv_file": spconv.__file__, "version": spconv.__version__}
+    result = {"spconv_file": spconv.__file__, "version": spconv.__version__, "environment": environment()}
     if job["task"] == "facts":
         result["facts"] = collect_facts()
     elif job["task"] == "forward":
         result["forward"] = run_forward(job_dir, job)
+    elif job["task"] == "autocast":
+        result["autocast"] = run_autocast(job_dir, job)
     elif job["task"] == "mmdet3d_load":
         result["mmdet3d_load"] = run_mmdet3d_load(job_dir, job)
     elif job["task"] == "voxels":

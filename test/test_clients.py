@@ -75,8 +75,9 @@ def test_live_networks_against_reference(tmp_path):
             _check_against(name, _outputs(name, dtype), theirs, TOL[dtype])
     with np.load(CAPTURED) as stored:  # the committed capture is still what spconv 2.3.8 computes
         fresh = np.load(tmp_path / "forward_float64.npz")
-        assert sorted(stored.files) == sorted(fresh.files)
-        for k in stored.files:
+        mine = sorted(k for k in stored.files if k.split("/", 1)[0] in nets.BUILDERS)  # the rest: backbones' test
+        assert mine == sorted(fresh.files)
+        for k in mine:
             assert np.array_equal(stored[k], fresh[k]) or _rel(stored[k], fresh[k]) < 1e-12, k
 
 
@@ -165,7 +166,8 @@ def test_indice_keys_are_shared_and_inverse_convs_restore_sites():
     # each key's kernel map was built once and reused by every later layer with that key
     assert set(seen) == {"subm1", "spconv2", "subm2"} and all(len(ids) == 1 for ids in seen.values())
     assert torch.equal(y.indices, x.indices) and y.spatial_shape == x.spatial_shape
-    # and the whole network trains on the CPU (spconv 2.3.8's CPU build can't run backward)
+    # and the whole network trains on the CPU (spconv 2.3.8's CPU wheel needs a null stream handle for that:
+    # test_client_backbones.py compares gradients with it)
     net.train()
     out = net(x)["seg"]
     out.features.square().sum().backward()
