@@ -5,6 +5,8 @@ Environment:
   SPCONV_HIP_ARCHS or PYTORCH_ROCM_ARCH         AMD/Hygon targets, e.g. "gfx906;gfx90a"
   TORCH_CUDA_ARCH_LIST                          NVIDIA targets, e.g. "8.0;9.0"
   SPCONV_CPU_ONLY=1                             skip the GPU kernels even with a GPU torch
+  CXX=hipcc                                     hipcc compiles the GPU kernels, the host compiler (SPCONV_HOST_CXX,
+                                                default g++) the host sources; with a CPU torch: the CPU route
   SPCONV_SKIP_EXTENSION=1                       package only, around an extension already built in place
                                                 (tools/build_inplace.py: incremental builds, editable install)
 """
@@ -22,6 +24,9 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+import gpu_build  # noqa: E402  (tools/gpu_build.py: compiles csrc/hip with nvcc or hipcc)
+
+HIPCC_FROM_CXX = gpu_build.take_hipcc_from_cxx(os.environ)
 
 VERSION = open(os.path.join(ROOT, "spconv", "_version.py")).read().split("\"")[1]
 
@@ -56,14 +61,17 @@ ext_kwargs = dict(extra_link_args=["-fopenmp", "-Wl,--exclude-libs,ALL"], librar
                   extra_objects=[])
 cmdclass = {}
 
+if HIPCC_FROM_CXX:
+    print("spconv: CXX=hipcc: %s the host sources, %s" % (os.environ["CXX"], {
+        "hip": "%s the GPU kernels" % HIPCC_FROM_CXX, "cuda": "nvcc the GPU kernels (torch is a CUDA build)",
+        "none": "no GPU kernels (torch has no ROCm)"}[backend]))
 if backend == "none":
-    print("spconv: torch %s has no CUDA/ROCm; building the CPU-only extension" % torch.__version__)
+    print("spconv: torch %s has no CUDA/ROCm; building the CPU-only extension%s" % (
+        torch.__version__, " (no GPU kernels for hipcc to compile)" if HIPCC_FROM_CXX else ""))
     macros += [("SPCONV_GPU_BACKEND", '"none"'), ("SPCONV_GPU_ARCHS", '""')]
     build_ext_cls = BuildExtension
 else:
-    import gpu_build  # tools/gpu_build.py: compiles csrc/hip with nvcc or hipcc
-
-    gpu = gpu_build.configure(backend, ROOT)
+    gpu = gpu_build.configure(backend, ROOT, hipcc=HIPCC_FROM_CXX if backend == "hip" else None)
     gpu.compile_flags.append(abi_flag)
     print("spconv: building GPU kernels with %s for %s" % (gpu.compiler, gpu.archs))
     macros += [("SPCONV_GPU_BACKEND", '"%s"' % backend), ("SPCONV_GPU_ARCHS", '"%s"' % gpu.archs),

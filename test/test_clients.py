@@ -145,8 +145,9 @@ def test_replace_feature_as_clients_call_it():
     assert z is not y and torch.equal(z.features, torch.relu(y.features))
     assert z.indices is y.indices and z.indice_dict["subm1"] is y.indice_dict["subm1"]
     assert z.spatial_shape == y.spatial_shape and z.batch_size == y.batch_size
-    with pytest.raises(ValueError, match="features"):
-        y.replace_feature(torch.zeros(3, 6))
+    w = y.replace_feature(torch.zeros(3, 6))  # accepted, as in spconv 2.x; the consumer checks the rows
+    with pytest.raises(ValueError, match="SubMConv3d: features and indices must have the same number of rows"):
+        sp.SubMConv3d(6, 6, 3)(w)
 
 
 def test_indice_keys_are_shared_and_inverse_convs_restore_sites():

@@ -56,3 +56,25 @@ def test_hip_cpu_build_reports_simt(hip_cpu):
     import torch
     for dt in (torch.float32, torch.float16, torch.bfloat16):
         assert hip_cpu.fused_conv_path(torch.zeros(1, 1, dtype=dt)) == "simt"
+
+
+@pytest.mark.parametrize("cxx, host, hipcc", [
+    ("hipcc", "g++", "hipcc"),                    # DTK's spelling: CXX=hipcc python3 setup.py build_ext --inplace
+    ("/opt/dtk/bin/hipcc", "g++", "/opt/dtk/bin/hipcc"),
+    ("g++", "g++", None),                         # any other compiler is left alone
+    ("clang++ -stdlib=libstdc++", "clang++ -stdlib=libstdc++", None),
+    ("", "", None),
+])
+def test_cxx_hipcc_compiles_the_gpu_kernels_and_the_host_compiler_the_rest(cxx, host, hipcc, monkeypatch):
+    monkeypatch.setattr(gpu_build.shutil, "which", lambda name: name if name in ("g++", "hipcc") else None)
+    env = {"CXX": cxx} if cxx else {}
+    assert gpu_build.take_hipcc_from_cxx(env) == hipcc
+    assert env.get("CXX", "") == host
+    env = {"CXX": "hipcc", "SPCONV_HOST_CXX": "g++-12"}
+    assert gpu_build.take_hipcc_from_cxx(env) == "hipcc" and env["CXX"] == "g++-12"
+
+
+def test_hip_build_uses_the_hipcc_of_cxx(monkeypatch):
+    monkeypatch.setenv("ROCM_PATH", "/nonexistent-rocm")
+    assert gpu_build.configure("hip", "/src", hipcc="/opt/dtk-24/bin/hipcc").compiler == "/opt/dtk-24/bin/hipcc"
+    assert gpu_build.configure("hip", "/src").compiler == "hipcc"  # ROCM_PATH has none: the one on PATH

@@ -114,7 +114,22 @@ def _cudart_dir(cuda_home, nvcc):
     raise RuntimeError("spconv: libcudart.so not found under %s; set CUDA_HOME to the CUDA toolkit" % roots)
 
 
-def configure(backend, root):
+def take_hipcc_from_cxx(environ):
+    """``CXX=hipcc python3 setup.py build_ext --inplace`` (the Hygon DTK spelling): hipcc is the GPU compiler,
+    so it compiles csrc/hip; torch's host sources go to the host C++ compiler (``SPCONV_HOST_CXX``, else g++,
+    else c++), whose ABI and flags torch's headers expect. Returns hipcc's path and points ``environ["CXX"]`` at
+    the host compiler, or returns None (and changes nothing) when CXX is not hipcc."""
+    cxx = environ.get("CXX", "")
+    words = shlex.split(cxx)
+    if not words or not os.path.basename(words[0]).startswith("hipcc"):
+        return None
+    hipcc = shutil.which(words[0]) or words[0]
+    environ["CXX"] = environ.get("SPCONV_HOST_CXX") or ("g++" if shutil.which("g++") else "c++")
+    return hipcc
+
+
+def configure(backend, root, hipcc=None):
+    """The GPU build of ``backend`` ("cuda" or "hip"); ``hipcc``: the hip compiler to use (default: ROCM_PATH's)."""
     import torch
     from torch.utils import cpp_extension
 
@@ -139,9 +154,10 @@ def configure(backend, root):
         return cfg
     if backend == "hip":
         rocm = os.environ.get("ROCM_PATH") or "/opt/dtk"
-        hipcc = os.path.join(rocm, "bin", "hipcc")
-        if not os.path.exists(hipcc):
-            hipcc = "hipcc"
+        if hipcc is None:
+            hipcc = os.path.join(rocm, "bin", "hipcc")
+            if not os.path.exists(hipcc):
+                hipcc = "hipcc"
         archs = _split_list(os.environ.get("SPCONV_HIP_ARCHS") or os.environ.get("PYTORCH_ROCM_ARCH")) or [
             "gfx906", "gfx90a"]
         flags = ["--offload-arch=%s" % a for a in archs]

@@ -29,6 +29,11 @@ Environment:
   SPCONV_HIP_CPU_OPT         optimisation level (default -O1: the best compile/run trade-off for the tests)
   SPCONV_HIP_CPU_SANITIZE=1  AddressSanitizer + UBSan build (separate cache; see docs/hip_cpu.md to run it)
   SPCONV_HIP_CPU_JOBS        parallel compiles (default: CPU count)
+  SPCONV_TBB_ROOT            a oneTBB prefix (include/, lib/) to use instead of the search below
+
+oneTBB (the runtime's parallel algorithms need it) is taken from SPCONV_TBB_ROOT, else from this Python's
+prefix (pip's tbb-devel puts include/ and lib/ there: no root needed; tools/setup_env.sh installs it), else from
+wherever the host compiler finds libtbb.so (a system libtbb-dev).
 """
 import argparse
 import glob
@@ -90,17 +95,51 @@ def _cxx() -> str:
     return os.environ.get("CXX", "g++")
 
 
+TBB_FIX = "python3 -m pip install tbb-devel"  # the one command that provides oneTBB without root
+
+
+def _tbb_prefix_ok(prefix: str) -> bool:
+    return (os.path.isfile(os.path.join(prefix, "include", "oneapi", "tbb.h"))
+            and os.path.exists(os.path.join(prefix, "lib", "libtbb.so")))
+
+
+def tbb_prefix() -> Optional[str]:
+    """The oneTBB prefix whose include/ and lib/ the build adds (SPCONV_TBB_ROOT or this Python's prefix, as
+    pip's tbb-devel installs it), or None: then the host compiler's own search paths must find it."""
+    for prefix in (os.environ.get("SPCONV_TBB_ROOT"), sys.prefix):
+        if prefix and _tbb_prefix_ok(prefix):
+            return os.path.abspath(prefix)
+    if os.environ.get("SPCONV_TBB_ROOT"):
+        raise BuildError("SPCONV_TBB_ROOT=%s holds no include/oneapi/tbb.h and lib/libtbb.so"
+                         % os.environ["SPCONV_TBB_ROOT"])
+    return None
+
+
+def _tbb_flags():
+    """(compile flags, link flags) that find oneTBB."""
+    prefix = tbb_prefix()
+    if prefix is None:
+        return [], ["-ltbb"]
+    lib = os.path.join(prefix, "lib")
+    return ["-isystem", os.path.join(prefix, "include")], ["-L" + lib, "-Wl,-rpath," + lib, "-ltbb"]
+
+
 def missing_requirements() -> Optional[str]:
-    """Why the library cannot be built here (a sentence), or None."""
+    """Why the library cannot be built here (a sentence that says how to fix it), or None."""
     rt = runtime_root()
     if not os.path.isfile(os.path.join(rt, "include", "hip", "hip_runtime.h")):
-        return "HIP CPU runtime headers not found at %s (set HIP_CPU_ROOT)" % rt
+        return ("HIP CPU runtime headers not found at %s: set HIP_CPU_ROOT to a checkout of ROCm's HIP-CPU "
+                "(github.com/ROCm/HIP-CPU)" % rt)
     try:
-        tbb = subprocess.run([_cxx(), "-print-file-name=libtbb.so"], capture_output=True, text=True).stdout.strip()
+        found = subprocess.run([_cxx(), "-print-file-name=libtbb.so"], capture_output=True, text=True).stdout
     except OSError:
         return "host compiler %s not found" % _cxx()
-    if not os.path.isabs(tbb):
-        return "libtbb not found by %s (install libtbb-dev)" % _cxx()
+    try:
+        prefix = tbb_prefix()
+    except BuildError as e:
+        return str(e)
+    if prefix is None and not os.path.isabs(found.strip()):
+        return "oneTBB not found by %s nor in %s: run `%s`" % (_cxx(), sys.prefix, TBB_FIX)
     return None
 
 
@@ -169,6 +208,7 @@ def _flags(src: str, sanitize: bool, torch_version: str, torch_inc: List[str]):
     if sanitize:
         common += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
     cu = ["-x", "c++", "-std=c++17", "-Wno-unknown-pragmas", "-isystem", os.path.join(runtime_root(), "include")]
+    cu += _tbb_flags()[0]
     # C++20: torch 2.13 headers need it (as in setup.py).
     cxx = ["-std=c++20", '-DSPCONV_GPU_BACKEND="hip_cpu"', '-DSPCONV_GPU_ARCHS="host"',
            '-DSPCONV_TORCH_VERSION="%s"' % torch_version] + ["-isystem" + p for p in torch_inc]
@@ -238,7 +278,7 @@ def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Op
         raise BuildError("no csrc/hip/*.cu under %s" % src)
 
     link = ["-shared", "-Wl,-z,defs"] + ["-L" + p for p in torch_lib] + ["-Wl,-rpath," + p for p in torch_lib]
-    link += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltbb", "-lpthread"]
+    link += ["-lc10", "-ltorch_cpu", "-ltorch"] + _tbb_flags()[1] + ["-lpthread"]
     if san:
         link = ["-fsanitize=address,undefined"] + link
     lib_key = _digest(*[o for _, o, _ in jobs_list], " ".join(link))
@@ -277,7 +317,7 @@ def build_program(name: str, sources: List[str], defines: List[str] = (), source
         obj = os.path.join(cache, "%s-%s.o" % (os.path.basename(path).replace(".", "_"), key))
         jobs_list.append((path, obj, [_cxx()] + lang["cu"] + common + ["-c", path, "-o", obj]))
     _compile(jobs_list, src, jobs, log, name)
-    link = ["-ltbb", "-lpthread"] + (["-fsanitize=address,undefined"] if san else [])
+    link = _tbb_flags()[1] + ["-lpthread"] + (["-fsanitize=address,undefined"] if san else [])
     out_dir = os.path.join(BUILD_DIR, "asan" if san else "", "programs", _digest(*[o for _, o, _ in jobs_list]))
     exe = os.path.join(out_dir, name)
     if not os.path.isfile(exe):

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# Debian packages the checks need, installed only where missing (needs root or sudo; apt-get):
+# Debian packages the CI checks need, installed only where missing (needs root or sudo; apt-get):
 #   hipcc, libamdhip64-dev  the hipcc compile check of csrc/hip (tools/compile_check_gpu.sh)
-#   libtbb-dev              the HIP CPU runtime that executes csrc/hip on the CPU in the tests
+# The tests need none: oneTBB for the HIP CPU runtime comes from pip (tools/setup_env.sh).
 # Without apt-get it says what is missing and leaves it to the caller's checks to fail or skip.
 set -euo pipefail
 need=()
 command -v hipcc >/dev/null 2>&1 || need+=(hipcc libamdhip64-dev)
-[ -e /usr/include/tbb/tbb.h ] || [ -e /usr/include/oneapi/tbb.h ] || need+=(libtbb-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "install_system_deps: no apt-get; please install: ${need[*]}" >&2

@@ -13,6 +13,10 @@ for pkg in numpy:numpy pytest:pytest hypothesis:hypothesis ninja:ninja setuptool
            tqdm:tqdm matplotlib:matplotlib; do
   $PY -c "import ${pkg%%:*}" 2>/dev/null || $PY -m pip install -q "${pkg##*:}"
 done
+# oneTBB for the HIP CPU build that runs csrc/hip on the CPU in the tests (tools/hip_cpu_build.py looks in this
+# Python's prefix first): pip's tbb-devel, so that no root or system package is needed.
+$PY -c "import os, sys; sys.exit(not os.path.isfile(os.path.join(sys.prefix, 'include', 'oneapi', 'tbb.h')))" ||
+  $PY -m pip install -q tbb-devel
 # cmake builds the C++ deployment example (test/test_deploy_cpp.py).
 command -v cmake >/dev/null || $PY -m pip install -q cmake
 $PY tools/build_inplace.py
