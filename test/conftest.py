@@ -1,4 +1,6 @@
 """Shared pytest configuration for the spconv tests."""
+import contextlib
+import ctypes
 import os
 import sys
 
@@ -41,7 +43,36 @@ def hip_cpu_library(variant: str = "simt"):
     import spconv._backend  # noqa: F401  (the normal extension first: the reference route)
     built = hip_cpu_build.load(variant, src)
     _HIP_CPU_LOADED[variant] = getattr(torch.ops, built.namespace)
+    _HIP_CPU_PATHS[variant] = built.path
+    order = os.environ.get("SPCONV_HIP_CPU_THREAD_ORDER", "ascending")  # the mutation check sets descending
+    if order not in THREAD_ORDERS:
+        raise ValueError("SPCONV_HIP_CPU_THREAD_ORDER must be one of %s, got %r" % (THREAD_ORDERS, order))
+    _order_setter(variant)(order == "descending")
     return _HIP_CPU_LOADED[variant]
+
+
+_HIP_CPU_PATHS = {}
+THREAD_ORDERS = ["ascending", "descending"]
+
+
+def _order_setter(variant: str):
+    setter = ctypes.CDLL(_HIP_CPU_PATHS[variant]).spconv_hip_cpu_set_descending  # the loaded library's handle
+    setter.argtypes, setter.restype = [ctypes.c_bool], ctypes.c_bool
+    return setter
+
+
+@contextlib.contextmanager
+def thread_order(order: str, variant: str = "simt"):
+    """Inside, every kernel launched by the variant's library runs each block's threads in ``order``: the
+    runtime's ascending order, or descending (csrc/hip/hip_cpu_thread_order.h), where a barrier missing between
+    a write by one thread and a read by another changes the result."""
+    hip_cpu_library(variant)
+    setter = _order_setter(variant)
+    before = setter(order == "descending")
+    try:
+        yield
+    finally:
+        setter(before)
 
 
 def _hip_cpu_tool():

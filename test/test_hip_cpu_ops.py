@@ -5,6 +5,7 @@ GPU thread is a fiber here."""
 import pytest
 import torch
 
+from conftest import THREAD_ORDERS, thread_order
 from test_fused_cpu import Maps, map_geometry, random_coords, sorted_pairs
 
 pytestmark = pytest.mark.hip_cpu
@@ -39,9 +40,13 @@ def hip_ops():
     return _HIP["ops"]
 
 
-@pytest.fixture(autouse=True)
-def _ops(hip_cpu):
+@pytest.fixture(autouse=True, params=THREAD_ORDERS)
+def _ops(hip_cpu, request):
+    """Every op in both thread orders of a block (conftest.thread_order), so that a barrier missing between the
+    threads of a block changes some result."""
     _HIP["ops"] = hip_cpu
+    with thread_order(request.param):
+        yield
 
 
 def as_maps(res, num_in):

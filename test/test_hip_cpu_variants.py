@@ -1,6 +1,7 @@
 """Every HIP CPU build variant (tools/hip_cpu_build.py VARIANTS: plain SIMT, emulated WMMA, emulated MFMA)
 runs the fused forward, dinput and dfilter of FP16/BF16 within tolerance of an FP64 reference, and the
-emulated bodies agree bit for bit with the SIMT body. A variant is skipped until the tree enables it (the
+emulated bodies agree bit for bit with the SIMT body, in both thread orders of a block (conftest.thread_order; the
+SIMT body run in descending order too). A variant is skipped until the tree enables it (the
 emulation headers under csrc/hip/emu). The emulators have their own tests (test/hip_cpu/), so a failure here
 is the kernel's."""
 import glob
@@ -11,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import _TOOLS, hip_cpu_library
+from conftest import _TOOLS, hip_cpu_library, thread_order
 from test_hip_cpu_ops import TOL, as_maps, fused_inputs, map_geometry, native_f64, rel_err
 
 sys.path.insert(0, _TOOLS)
@@ -68,13 +69,17 @@ def test_variant_fused_low_precision(variant, case, dtype):
 
 @DTYPES
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("variant", EMULATED)
-def test_same_bits_as_simt(variant, case, dtype):
+@pytest.mark.parametrize("variant, order", [(v, o) for v in EMULATED for o in ("ascending", "descending")]
+                         + [("simt", "descending")])
+def test_same_bits_as_simt(variant, order, case, dtype):
     """Sharper than the bound: the emulators add exact products one at a time in k order, and the SIMT body's
     fmaf chain runs over the same k sequence (tile steps of 32 = two MMA steps of 16, offsets in order), so on
-    this build the bodies agree bit for bit. (On a GPU the matrix cores' internal order differs.)"""
+    this build the bodies agree bit for bit. (On a GPU the matrix cores' internal order differs.) The order in
+    which a block's threads run changes no bit either: no atomics in forward and dinput, a fixed-order split-K in
+    dfilter."""
     simt, _ = run_fused(hip_cpu_library("simt"), case, dtype)
-    got, _ = run_fused(hip_cpu_library(variant), case, dtype)
+    with thread_order(order, variant):
+        got, _ = run_fused(hip_cpu_library(variant), case, dtype)
     for what, g, s in zip(("forward", "dinput", "dfilter"), got, simt):
         diff = (g.view(torch.int16) != s.view(torch.int16)).sum().item()
         assert diff == 0, "%s %s: %d of %d outputs differ from the SIMT body" % (variant, what, diff, g.numel())

@@ -3,11 +3,19 @@ the HIP CPU library is rebuilt from that copy (tools/hip_cpu_build.py, source-ro
 hip_cpu tests run against it in a fresh process. Every mutation must make them FAIL; a mutation the tests
 miss is reported as SURVIVED and the script exits non-zero.
 
-Usage:  python3 tools/hip_cpu_mutation.py [--only NAME ...] [--list] [--jobs N]
+Besides the hand-written MUTATIONS, every csrc/hip/*.cu file gets generated ones (generated_mutations): each
+__syncthreads() removed, one at a time, and in each kernel the bound of its first loop lowered by one (the last
+element is then never written or read). Their tests run with the kernels' threads in descending order
+(SPCONV_HIP_CPU_THREAD_ORDER=descending, csrc/hip/hip_cpu_thread_order.h): in the runtime's ascending order a
+missing barrier between a write by a low thread and reads by higher ones goes unseen.
+
+Usage:  python3 tools/hip_cpu_mutation.py [--only NAME ...] [--match TEXT] [--list] [--jobs N]
 (slow-ish: one object rebuild and one test run per mutation; objects of unchanged files come from the cache)
 """
 import argparse
+import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +39,7 @@ class Mutation(NamedTuple):
     requires: Optional[str] = None  # path that must exist (else the mutation is skipped)
     why: str = ""
     variant: str = "simt"  # the build the tests run on (built first: a mutant that does not build is an error)
+    descending: bool = False  # run the tests with each block's threads in descending order
 
 
 _FWD_LOOP_BARRIER = """        Bs[kk][n] = (c < a.cin && col < a.cout) ? to_float(wk[c * a.cout + col]) : 0.f;
@@ -53,6 +62,12 @@ MUTATIONS = [
     Mutation("fwd_barrier_after_compute", "csrc/hip/fused_conv.cu", _FWD_LOOP_END_BARRIER,
              _FWD_LOOP_END_BARRIER.replace("__syncthreads();", "/* barrier removed */"), _FUSED_TESTS,
              why="SIMT forward K loop: the next K step overwrites tiles other threads still read (Cin > 32)"),
+    Mutation("fwd_offsets_short", "csrc/hip/fused_conv.cu", "for (int k = a.k0; k < a.k1; ++k) {",
+             "for (int k = a.k0; k < a.k1 - 1; ++k) {", _FUSED_TESTS,
+             why="SIMT forward (fused_forward_kernel's body): the last kernel offset of the split is skipped"),
+    Mutation("dfilter_pairs_short", "csrc/hip/fused_conv.cu", "df_load_pairs(a, st, p0, t.pe);",
+             "df_load_pairs(a, st, p0, t.pe - 1);", ["test/test_hip_cpu_ops.py", "-k", "dfilter and f32"],
+             why="SIMT dfilter (dfilter_kernel's body): the last pair of each split is dropped"),
     Mutation("subm_offset_off_by_one", "csrc/hip/kernel_map.cu", _SUBM_OFFSET,
              _SUBM_OFFSET.replace("koff);", "koff);\n    if (k == g.kvol - 1) koff[g.ndim - 1] -= 1;"), _MAP_TESTS,
              why="SubM neighbours: the last kernel offset looks one cell short along the last axis"),
@@ -109,6 +124,72 @@ MUTATIONS = [
 ]
 
 
+# The tests that look at each kernel file's outputs (both thread orders where the file parametrizes them).
+KERNEL_TESTS = {
+    "fused_conv.cu": ["test/test_hip_cpu_ops.py", "test/test_hip_cpu_variants.py", "-k", "fused or same_bits"],
+    "quantized_conv.cu": ["test/test_hip_cpu_int8.py"],
+    "grouped_conv.cu": ["test/test_hip_cpu_grouped.py"],
+    "kernel_map.cu": ["test/test_hip_cpu_ops.py", "-k", "kernel_map"],
+    "gather_scatter.cu": ["test/test_hip_cpu_ops.py", "-k", "native_route"],
+    "hash_table_ops.cu": ["test/test_hip_cpu_ops.py", "-k", "hash_table"],
+    "point_to_voxel.cu": ["test/test_hip_cpu_ops.py", "-k", "point_to_voxel"],
+    "pool.cu": ["test/test_hip_cpu_ops.py", "-k", "pooling"],
+}
+# A kernel's first loop: a for header's `i < bound` or a loop macro's element count (SPCONV_POOL_LOOP(m, c)).
+_FIRST_BOUND = re.compile(r"for \(([^;]*);\s*(\w+) < ([^;]+);|(SPCONV_\w+_LOOP)\(([^,()]+),")
+
+
+def _body_end(text: str, start: int) -> int:
+    """The position of the brace that closes the block opened just before ``start``."""
+    depth = 1
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return i
+    return len(text)
+
+
+def _line_of(text: str, pos: int) -> int:
+    return text.count("\n", 0, pos) + 1
+
+
+def generated_mutations(root: str = REPO) -> List[Mutation]:
+    """Each barrier of each kernel file removed, and each kernel's first loop bound lowered by one."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(root, "csrc", "hip", "*.cu"))):
+        name = os.path.basename(path)
+        rel = os.path.relpath(path, root).replace(os.sep, "/")
+        stem = name[:-len(".cu")]
+        with open(path) as f:
+            text = f.read()
+        if "__global__" in text and name not in KERNEL_TESTS:
+            raise RuntimeError("%s has kernels but no tests listed in KERNEL_TESTS" % rel)
+        tests = KERNEL_TESTS.get(name)
+        for i, hit in enumerate(re.finditer(re.escape("__syncthreads();"), text)):
+            line = _line_of(text, hit.start())
+            out.append(Mutation("%s_barrier_L%d" % (stem, line), rel, "__syncthreads();", "/* barrier removed */",
+                                tests, occurrence=i, descending=True,
+                                why="%s:%d: the barrier removed" % (rel, line)))
+        for kernel in re.finditer(r"__global__[^{;]*?(\w+)\s*\([^(){};]*\)\s*\{", text):
+            loop = _FIRST_BOUND.search(text, kernel.end(), _body_end(text, kernel.end()))
+            if loop is None:
+                continue  # no loop in its own body: one thread, or a body function (hand-written mutations)
+            old = loop.group(0)
+            if loop.group(4):  # a loop macro: one row of elements fewer
+                bound, new = loop.group(5), "%s((%s) - 1," % (loop.group(4), loop.group(5))
+            else:
+                bound, new = loop.group(3), "for (%s; %s < (%s) - 1;" % (loop.group(1), loop.group(2), loop.group(3))
+            out.append(Mutation("%s_%s_bound" % (stem, kernel.group(1)), rel, old, new, tests,
+                                occurrence=text.count(old, 0, loop.start()), descending=True,
+                                why="%s:%d: %s's loop stops one short of %s" % (
+                                    rel, _line_of(text, loop.start()), kernel.group(1), bound.strip())))
+    return out
+
+
+def all_mutations() -> List[Mutation]:
+    return MUTATIONS + generated_mutations()
+
+
 def apply(m: Mutation, root: str):
     path = os.path.join(root, m.path)
     with open(path) as f:
@@ -136,6 +217,8 @@ def run_one(m: Mutation, jobs: Optional[int]) -> str:
         except hip_cpu_build.BuildError as e:
             return "ERROR (mutant does not build: %s)" % str(e).splitlines()[0]
         env = dict(os.environ, SPCONV_HIP_CPU_SOURCE_ROOT=tmp)
+        if m.descending:
+            env["SPCONV_HIP_CPU_THREAD_ORDER"] = "descending"
         cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"] + m.tests
         r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
         tail = (r.stdout.strip().splitlines() or [""])[-1]
@@ -152,23 +235,23 @@ def run_one(m: Mutation, jobs: Optional[int]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="*", default=None, help="mutation names")
+    ap.add_argument("--match", default=None, help="only the mutations whose name contains this text")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--jobs", type=int, default=None)
     a = ap.parse_args(argv)
+    chosen = [m for m in all_mutations() if (not a.only or m.name in a.only) and (not a.match or a.match in m.name)]
     if a.list:
-        for m in MUTATIONS:
-            print("%-28s %s: %s" % (m.name, m.path, m.why))
+        for m in chosen:
+            print("%-40s %s: %s" % (m.name, m.path, m.why))
         return 0
     why = hip_cpu_build.missing_requirements()
     if why:
         print("hip_cpu_mutation: " + why, file=sys.stderr)
         return 2
     bad = 0
-    for m in MUTATIONS:
-        if a.only and m.name not in a.only:
-            continue
+    for m in chosen:
         res = run_one(m, a.jobs)
-        print("%-28s %s" % (m.name, res), flush=True)
+        print("%-40s %s" % (m.name, res), flush=True)
         bad += res.startswith(("SURVIVED", "ERROR"))
     return 1 if bad else 0
 

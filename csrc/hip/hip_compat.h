@@ -14,6 +14,7 @@
 // Without NDEBUG the runtime defines __forceinline__ as nothing: header helpers would collide at link.
 #undef __forceinline__
 #define __forceinline__ inline __attribute__((always_inline))
+#include "hip_cpu_thread_order.h"  // the tests run the kernels in ascending and in descending thread order
 #elif defined(__HIP__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__)
 #define SPCONV_HIP 1
 #include <hip/hip_runtime.h>
@@ -91,7 +92,11 @@ namespace gpu {
 // ---- shuffles: HIP 5.2 has no *_sync forms; CUDA needs them ----
 template <typename T>
 __device__ __forceinline__ T shfl_down(T v, int delta) {
-#if defined(SPCONV_HIP) || defined(SPCONV_HIP_CPU)
+#if defined(SPCONV_HIP_CPU)
+  // Lanes reversed: logical lane + delta is physical lane - delta (out of range keeps v, as __shfl_down does).
+  if (thread_order::reversed()) return __shfl_up(v, delta);
+  return __shfl_down(v, delta);
+#elif defined(SPCONV_HIP)
   return __shfl_down(v, delta);
 #else
   return __shfl_down_sync(0xffffffffu, v, delta);
