@@ -1,18 +1,37 @@
 #!/usr/bin/env bash
 # One-shot check on a GPU machine (NVIDIA with a CUDA build of torch, or AMD/Hygon with a ROCm/DTK build):
 # builds the extension for the local GPU, times the fused / native / torch.mm routes on the reference
-# SubMConv3d layer, runs the GPU tests, a short benchmark, and compute-sanitizer (memcheck, racecheck) on a
-# small normal case and a duplicate-coordinate case; prints a summary. Short on purpose, about
-# 7 minutes on a 16-core machine in all (every phase has its own time limit, the sanitizer stops starting
-# cases at SANITIZE_UNTIL seconds, default 420; the CPU-only tests are CI's job). On an H200: build 50 s, tests
-# 70 s, benchmark 40 s, memcheck about 20 s a case, racecheck over 60 s a case.
-# Output: bench/results/device-check-<UTC date>-<GPU>.txt (and a copy under $OUT when that is set).
-#   TORCH_CUDA_ARCH_LIST (default 9.0), SPCONV_HIP_ARCHS for ROCm; SKIP_BUILD=1 reuses an existing build.
+# SubMConv3d layer, times the project against spconv 2.3.8 and spconv-Triton on the same tensors
+# (tools/device_peers.py), runs the GPU tests, a short benchmark, and compute-sanitizer (memcheck, racecheck) on
+# a small normal case and a duplicate-coordinate case; prints a summary. Sized for one call of at most 6
+# minutes: every phase has its own time limit, cut to what is left before DEADLINE seconds (default 320,
+# leaving the unpacking of the peers and the summary inside the 6 minutes), and a
+# phase with under 15 s left is skipped (the later phases first: the CPU-only tests are CI's job). On an H200
+# (before the peers phase existed): build 50 s, tests 70 s, benchmark 40 s, memcheck about 20 s a case,
+# racecheck over 60 s a case.
+# Output: bench/results/device-check-<UTC date>-<GPU>.txt, bench/results/<date>-device-<GPU>.json (the peers
+# table), and copies under $OUT when that is set.
+#   TORCH_CUDA_ARCH_LIST (default 9.0), SPCONV_HIP_ARCHS for ROCm; SKIP_BUILD=1 reuses an existing build;
+#   PEERS_TIMEOUT (default 150 s) for the peers phase.
+#
+# The peers (../shared/peers/README.md) travel in the ignored folder .peers/ with the real scan:
+#   here, once:   echo /.peers/ >> .git/info/exclude
+#                 mkdir -p .peers && cp ../shared/peers/gpu/* ../shared/data/lidar-voxels-125k.npz .peers/
+#   device call (carry [".peers"]), the one command:
+#     tar -xJf .peers/spconv238-cu126-py312.tar.xz -C .peers &&
+#     python3 -m pip install -q --no-index --no-deps --target .peers/triton .peers/spconv_triton-*.whl &&
+#     bash tools/device_check.sh
+#   (the peers phase unpacks them itself when that was not done). Without .peers the peers phase writes null
+#   for both peers.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # tools/*.py import spconv from the in-place build
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
+DEADLINE=${DEADLINE:-320}
+# The time limit of a phase: its cap, cut to what is left before DEADLINE (0: skip the phase).
+limit() { local left=$(( DEADLINE - $(elapsed) )); [ $left -lt 15 ] && { echo 0; return; }; echo $(( left < $1 ? left : $1 )); }
+cap() { local t; t=$(limit "$1"); echo $(( t > 0 ? t : 1 )); }  # for a phase that always runs (timeout 0 = none)
 
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 [ -z "$GPU" ] && GPU=$(python3 -c "import torch; print(torch.cuda.get_device_name(0))" 2>/dev/null)
@@ -44,7 +63,7 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)} SPCONV_GPU_JOBS=${SPCONV_GPU_JOBS:-8}
 if [ "${SKIP_BUILD:-0}" = 1 ]; then
   RESULT[build]=skipped
 else
-  if timeout 240 python3 setup.py build_ext --inplace >"$LOGDIR/build.log" 2>&1; then
+  if timeout 150 python3 setup.py build_ext --inplace >"$LOGDIR/build.log" 2>&1; then
     RESULT[build]=ok
     grep -E "building GPU kernels|nvcc|hipcc" "$LOGDIR/build.log" | head -3 | cut -c1-300
   else
@@ -60,18 +79,18 @@ import_check() { timeout 60 python3 -c "import json, spconv._backend as b; print
 if ! import_check; then
   # Where it crashed, then one more build with the system compiler (ninja rebuilds what the new command changes).
   GDB=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null || true)
-  [ -n "$GDB" ] && timeout 90 "$GDB" -q -batch -ex run -ex bt --args python3 -c "import spconv._backend as b; \
+  [ -n "$GDB" ] && [ "$(limit 60)" != 0 ] && timeout "$(limit 60)" "$GDB" -q -batch -ex run -ex bt --args python3 -c "import spconv._backend as b; \
     b.build_info()" 2>&1 | grep -E "^#|signal" | head -25
-  if [ "${SKIP_BUILD:-0}" != 1 ] && [ -x /usr/bin/g++ ]; then
+  if [ "${SKIP_BUILD:-0}" != 1 ] && [ -x /usr/bin/g++ ] && [ "$(limit 150)" != 0 ]; then
     echo "rebuilding with /usr/bin/g++ ($(/usr/bin/g++ --version | head -1))"
-    CXX=/usr/bin/g++ CC=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared" timeout 240 \
+    CXX=/usr/bin/g++ CC=/usr/bin/g++ LDSHARED="/usr/bin/g++ -shared" timeout "$(limit 150)" \
       python3 setup.py build_ext --inplace >"$LOGDIR/build2.log" 2>&1 || tail -30 "$LOGDIR/build2.log"
   fi
   import_check || RESULT[build]="${RESULT[build]} (import FAILED)"
 fi
 
 phase "timing: SubMConv3d 3x3x3 on ~50k voxels, 41x1600x1408, kernel map cached"
-timeout 75 python3 - <<'PY'
+timeout "$(cap 60)" python3 - <<'PY'
 import time
 
 import numpy as np
@@ -183,27 +202,61 @@ for name, C, res in rows:
 PY
 RESULT[timing]=$([ $? = 0 ] && echo ok || echo FAILED)
 
+phase "peers: ours vs spconv 2.3.8 vs spconv-Triton, same tensors (tools/device_peers.py)"
+T=$(limit ${PEERS_TIMEOUT:-150})
+if [ "$T" = 0 ]; then
+  RESULT[peers]="skipped (no time left)"
+else
+  if [ -d .peers ]; then  # unpack what the command did not (../shared/peers/README.md)
+    if [ ! -d .peers/site ] && ls .peers/spconv238-*.tar.xz >/dev/null 2>&1; then
+      tar -xJf .peers/spconv238-*.tar.xz -C .peers
+    fi
+    if [ ! -d .peers/triton ] && ls .peers/spconv_triton-*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --target .peers/triton .peers/spconv_triton-*.whl
+    fi
+  fi
+  SCAN=$(ls .peers/lidar-voxels-125k.npz shared/data/lidar-voxels-125k.npz ../shared/data/lidar-voxels-125k.npz \
+    2>/dev/null | head -1)
+  PEERS_JSON=bench/results/$(date -u +%Y-%m-%d)-device-$GPU_TAG.json
+  timeout "$T" python3 tools/device_peers.py --device cuda --peers .peers ${SCAN:+--scan "$SCAN"} \
+    --child-timeout $(( T * 2 / 5 )) --budget $(( T - 15 )) --json "$PEERS_JSON" >"$LOGDIR/peers.txt" 2>"$LOGDIR/peers.log"
+  rc=$?
+  cat "$LOGDIR/peers.txt"
+  [ "$rc" = 0 ] || tail -30 "$LOGDIR/peers.log"
+  RESULT[peers]=$([ "$rc" = 0 ] && echo "ok ($PEERS_JSON)" || echo "FAILED (rc $rc)")
+  [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] && [ -f "$PEERS_JSON" ] && cp "$PEERS_JSON" "$OUT/"
+fi
+
 phase "GPU tests (test/test_gpu_*.py; the whole-network ones read \$SPCONV_REAL_SCAN when set)"
-timeout 180 python3 -m pytest -q -p no:cacheprovider -rfE test/test_gpu_*.py >"$LOGDIR/gpu-tests.log" 2>&1
+T=$(limit 120)
+if [ "$T" = 0 ]; then RESULT[gpu_tests]="skipped (no time left)"; else
+timeout "$T" python3 -m pytest -q -p no:cacheprovider -rfE test/test_gpu_*.py >"$LOGDIR/gpu-tests.log" 2>&1
 rc=$?
 tail -60 "$LOGDIR/gpu-tests.log"
 RESULT[gpu_tests]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
+fi
 
 phase "GPU cases of the general suite (-k 'cuda or gpu')"
-timeout 90 python3 -m pytest -q -p no:cacheprovider -rfE -k "cuda or gpu" test/test_determinism.py \
+T=$(limit 90)
+if [ "$T" = 0 ]; then RESULT[gpu_cases]="skipped (no time left)"; else
+timeout "$T" python3 -m pytest -q -p no:cacheprovider -rfE -k "cuda or gpu" test/test_determinism.py \
   test/test_edge_sizes.py test/test_voxel.py test/test_modules_tables.py test/test_hash.py \
   >"$LOGDIR/gpu-cases.log" 2>&1
 rc=$?
 tail -30 "$LOGDIR/gpu-cases.log"
 RESULT[gpu_cases]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
+fi
 
 phase "benchmark (python -m spconv.benchmark)"
-if python3 -c "import spconv.benchmark.cli" 2>/dev/null; then
+T=$(limit 60)
+if [ "$T" = 0 ]; then
+  RESULT[benchmark]="skipped (no time left)"
+elif python3 -c "import spconv.benchmark.cli" 2>/dev/null; then
   DATA_ARGS=""
   for d in shared/data ../shared/data; do
     [ -f "$d/lidar-voxels-125k.npz" ] && DATA_ARGS="--data $d/lidar-voxels-125k.npz" && break
   done
-  timeout 60 python3 -m spconv.benchmark --no-progress --quick $DATA_ARGS --dtypes fp16 \
+  timeout "$T" python3 -m spconv.benchmark --no-progress --quick $DATA_ARGS --dtypes fp16 \
     --json "$LOGDIR/benchmark.json" >"$LOGDIR/benchmark.txt" 2>&1
   rc=$?
   tail -40 "$LOGDIR/benchmark.txt"
@@ -219,7 +272,7 @@ if [ -n "$SAN" ]; then
   RESULT[sanitizer]=ok
   for tool in memcheck racecheck; do
     for case in normal duplicates; do
-      LEFT=$(( ${SANITIZE_UNTIL:-420} - $(elapsed) ))
+      LEFT=$(( ${SANITIZE_UNTIL:-$DEADLINE} - $(elapsed) ))
       if [ $LEFT -lt 20 ]; then RESULT[sanitizer]="${RESULT[sanitizer]}; $tool $case skipped (no time left)"; continue; fi
       CAP=$([ $tool = racecheck ] && echo 150 || echo 60)  # racecheck took over 60 s per case on an H200
       timeout $(( LEFT < CAP ? LEFT : CAP )) "$SAN" --tool $tool --error-exitcode 3 python3 tools/device_sanitize_case.py $case 2>&1 | tail -8
@@ -233,9 +286,10 @@ fi
 
 phase "summary"
 echo "GPU: $GPU"
-for k in build timing gpu_tests gpu_cases benchmark sanitizer; do
+for k in build timing peers gpu_tests gpu_cases benchmark sanitizer; do
   [ -n "${RESULT[$k]:-}" ] && printf '  %-15s %s\n' "$k" "${RESULT[$k]}"
 done
+[ -s "$LOGDIR/peers.txt" ] && { echo; tail -n 14 "$LOGDIR/peers.txt"; }  # the peers table, last
 echo "total $(elapsed) s; log: $LOG"
 sleep 1
 if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp "$LOG" "$OUT/"; fi

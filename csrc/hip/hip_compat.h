@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <utility>
+#if defined(SPCONV_HIP_CPU)
+#include <chrono>
+#endif
 
 #if defined(SPCONV_HIP_CPU)
 // HIP CPU runtime (tests only: runs the kernels on the host, one fiber per GPU thread, 64-wide
@@ -168,14 +171,22 @@ inline int grid_1d(int64_t work, int threads) {
 
 inline int last_launch_error() { return static_cast<int>(hipGetLastError()); }
 
+#if defined(SPCONV_HIP_CPU)
+// The launch ledger of the test build (launch_ledger.cu): one launch and the time its body ran.
+void note_launch(int64_t body_ns);
+#endif
+
 // Every kernel launch goes through this one helper. The HIP CPU runtime has no <<<>>> and its null
-// stream can reorder back-to-back launches, so there each launch is followed by a full synchronisation.
+// stream can reorder back-to-back launches, so there each launch is followed by a full synchronisation;
+// there it is also counted, so that tests can hold the GPU code to a launch budget.
 template <typename... Params, typename... Args>
 inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shmem, hipStream_t stream,
                           Args&&... args) {
 #if defined(SPCONV_HIP_CPU)
+  const auto t0 = std::chrono::steady_clock::now();
   hipLaunchKernelGGL(kernel, grid, block, shmem, stream, std::forward<Args>(args)...);
   (void)hipDeviceSynchronize();
+  note_launch(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
 #else
   kernel<<<grid, block, shmem, stream>>>(std::forward<Args>(args)...);
 #endif

@@ -24,5 +24,7 @@
       __FILE__, __LINE__);                                                                                       \
   void C10_CONCATENATE(spconv_library_init_, uid)(torch::Library & m)
 #define SPCONV_SCHEMA(m) SPCONV_LIBRARY_INIT_(DEF, std::nullopt, m, C10_UID)
+// More operators of the same namespace, declared outside schema.cpp (the test build's diagnostics).
+#define SPCONV_SCHEMA_FRAGMENT(m) SPCONV_LIBRARY_INIT_(FRAGMENT, std::nullopt, m, C10_UID)
 #define SPCONV_GPU_IMPL(m) \
   SPCONV_LIBRARY_INIT_(IMPL, std::make_optional(c10::DispatchKey::SPCONV_GPU_DISPATCH_KEY), m, C10_UID)

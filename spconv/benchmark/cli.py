@@ -19,14 +19,14 @@ from spconv.benchmark.progress import iterate
 from spconv.benchmark.results import Check, Record
 from spconv.benchmark.routes import chosen_route_name
 from spconv.benchmark.timing import Plan, busy_load, default_plan
-from spconv.benchmark.workloads import backbone, basic, indices, layers
+from spconv.benchmark.workloads import backbone, basic, indices, layers, ledger
 from spconv.benchmark.workloads.common import DTYPES, Context
 
 # Settings read from the environment that change which code runs or how fast (recorded in the command line).
 ENV_VARS = ("SPCONV_FORCE_NATIVE", "SPCONV_CPU_ISA", "SPCONV_FUSED_CPU_GEMM", "MKL_ENABLE_INSTRUCTIONS",
             "THP_MEM_ALLOC_ENABLE", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
-WORKLOADS = ("basic", "large", "layers", "indices", "backbone")
+WORKLOADS = ("basic", "large", "layers", "indices", "backbone", "ledger")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -36,7 +36,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--full", action="store_true", help="everything: large, 1e6-voxel layers, all dtypes, all routes")
     p.add_argument("--workloads", default=None,
                    help=f"comma list of {','.join(WORKLOADS)} (default: basic,layers,indices,backbone; --full and --points "
-                        "add large)")
+                        "add large). ledger: kernel launches, host waits and allocations of the GPU code per module, "
+                        "counted on the HIP CPU build (any machine; needs a source checkout)")
     p.add_argument("--data", metavar="FILE.npz", help="voxelized scan for basic: features, indices, spatial_shape")
     p.add_argument("--points", metavar="FILE.npz", help="raw sweep (pc [N, 3]) for large: stacked x8, voxelized")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
@@ -142,7 +143,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for w in workloads:
         tasks += {"basic": lambda: basic.tasks(ctx, "basic"), "large": lambda: basic.tasks(ctx, "large"),
                   "layers": lambda: layers.tasks(ctx), "indices": lambda: indices.tasks(ctx),
-                  "backbone": lambda: backbone.tasks(ctx)}[w]()
+                  "backbone": lambda: backbone.tasks(ctx), "ledger": lambda: ledger.tasks(ctx)}[w]()
     if args.compare and "basic" not in workloads:
         raise SystemExit("--compare runs the basic workload: include it in --workloads")
     if args.busy:
@@ -202,6 +203,9 @@ def print_report(record: Record, compare_label: Optional[str]):
         theirs = [m for m in record.measurements if m.library == compare_label]
         print(f"\n== compare: basic, this vs {compare_label} ({record.meta['compare']['target']})")
         print(report.format_compare(ours, theirs, compare_label))
+    if record.ledger_table:
+        print(f"\n== launch ledger: {record.ledger['input']} ({record.ledger['library']})")
+        print(record.ledger_table)
     print("\n== correctness")
     print(report.format_checks(record.checks))
     if record.notes:

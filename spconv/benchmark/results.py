@@ -85,15 +85,20 @@ class Record:
     checks: List[Check] = field(default_factory=list)
     layers: Dict[str, List[Dict[str, object]]] = field(default_factory=dict)  # per-layer breakdowns
     notes: List[str] = field(default_factory=list)
+    ledger: Dict[str, object] = field(default_factory=dict)  # the launch ledger (workloads/ledger.py), when run
+    ledger_table: str = ""
 
     @property
     def all_ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
     def to_dict(self) -> Dict[str, object]:
-        return {"meta": self.meta, "measurements": [m.to_dict() for m in self.measurements],
-                "checks": [c.to_dict() for c in self.checks], "layers": self.layers, "notes": self.notes,
-                "all_checks_passed": self.all_ok}
+        d = {"meta": self.meta, "measurements": [m.to_dict() for m in self.measurements],
+             "checks": [c.to_dict() for c in self.checks], "layers": self.layers, "notes": self.notes,
+             "all_checks_passed": self.all_ok}
+        if self.ledger:
+            d["ledger"] = self.ledger
+        return d
 
 
 def _finite(x: float) -> Optional[float]:
