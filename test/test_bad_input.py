@@ -1,7 +1,6 @@
 """Bad input raises a Python exception that names the argument; it never crashes or gives wrong numbers.
 
-Each case asserts the exception type and a fragment of the message (the table in README.md, section Reliability, lists
-them). Non-contiguous inputs and NaN/Inf features are not errors: they must give the right answer.
+Each case asserts the exception type and a fragment of the message (the table in docs/RELIABILITY.md lists them). Non-contiguous inputs and NaN/Inf features are not errors: they must give the right answer.
 """
 import pytest
 import torch

@@ -73,7 +73,7 @@ def split_rounds(maps) -> List:
     if torch.compiler.is_compiling():
         # The number of rounds is data: a traced graph (torch.compile, torch.export) takes the map as one round.
         # The fused route's table builder refuses a repeated (output, offset) at run time; the native GPU route
-        # and GPU pooling in a traced graph need unique input coordinates (README, Deploy).
+        # and GPU pooling in a traced graph need unique input coordinates (docs/deployment.md).
         return [maps]
     rev = getattr(maps, "_reversed", None)
     if getattr(maps, "repeat_free", False):
