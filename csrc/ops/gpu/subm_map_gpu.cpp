@@ -6,7 +6,9 @@
 
 #include <torch/library.h>
 
+#include <algorithm>
 #include <climits>
+#include <vector>
 
 #include "../checks.h"
 #include "../op_library.h"
