@@ -48,7 +48,8 @@ _FWD_LOOP_BARRIER = """        Bs[kk][n] = (c < a.cin && col < a.cout) ? to_floa
 _FWD_LOOP_END_BARRIER = """      simt_fma_tile(As, Bs, tx, ty, acc);
       __syncthreads();"""
 _SUBM_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
-    int32_t v = -1;"""
+    if (!subm_neighbor(g, row + 1, koff, nb)) continue;"""
+_SUBM_MIRROR = "    if (mirrored && k != kvol - 1 - k) record_pair("
 _CONV_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
     bool ok ="""
 _FUSED_TESTS = ["test/test_hip_cpu_ops.py", "-k", "fused_forward_dinput_dfilter and f32"]
@@ -68,9 +69,12 @@ MUTATIONS = [
     Mutation("dfilter_pairs_short", "csrc/hip/fused_conv.cu", "df_load_pairs(a, st, p0, t.pe);",
              "df_load_pairs(a, st, p0, t.pe - 1);", ["test/test_hip_cpu_ops.py", "-k", "dfilter and f32"],
              why="SIMT dfilter (dfilter_kernel's body): the last pair of each split is dropped"),
-    Mutation("subm_offset_off_by_one", "csrc/hip/kernel_map.cu", _SUBM_OFFSET,
-             _SUBM_OFFSET.replace("koff);", "koff);\n    if (k == g.kvol - 1) koff[g.ndim - 1] -= 1;"), _MAP_TESTS,
-             why="SubM neighbours: the last kernel offset looks one cell short along the last axis"),
+    Mutation("subm_offset_off_by_one", "csrc/hip/subm_map.cu", _SUBM_OFFSET,
+             _SUBM_OFFSET.replace("koff);", "koff);\n    if (k == 0) koff[g.ndim - 1] -= 1;"), _MAP_TESTS,
+             why="SubM neighbours: the first kernel offset looks one cell short along the last axis"),
+    Mutation("subm_mirror_dropped", "csrc/hip/subm_map.cu", _SUBM_MIRROR,
+             "    if (false && k != kvol - 1 - k) record_pair(", ["test/test_gpu_subm_map.py", "-k", "cpu_route"],
+             why="SubM map: the hits of offsets 0..kvol/2 no longer give their mirrors (offsets past kvol/2 empty)"),
     Mutation("conv_offset_off_by_one", "csrc/hip/kernel_map.cu", _CONV_OFFSET,
              _CONV_OFFSET.replace("koff);", "koff);\n    if (k == 0) koff[0] += 1;"), _MAP_TESTS,
              why="regular/transposed candidates: the first kernel offset is shifted one cell along the first axis"),
@@ -97,7 +101,7 @@ MUTATIONS = [
              why="native route: each offset's FP16/BF16 GEMM result is rounded to 16 bits before the FP32 scatter"),
     Mutation("fused_order_unchecked", "csrc/ops/gpu/fused_gpu.cpp", "  check_fused_tables(nbr, order, x.size(0), map_info);\n",
              "", ["test/test_fused_table_checks.py"], why="fused_conv reads nbr / order without checking them"),
-    Mutation("hash_insert_unbounded", "csrc/hip/kernel_map.cu", "for (int64_t probe = 0; probe < cap; ++probe) {",
+    Mutation("hash_insert_unbounded", "csrc/hip/coord_hash.h", "for (int64_t probe = 0; probe < cap; ++probe) {",
              "for (int64_t probe = 0;; ++probe) {", ["test/test_gpu_hash_bounds.py", "-k", "full_hash_table"],
              why="kernel-map hash insert probes forever once the table is full"),
     Mutation("map_info_ignored", "csrc/ops/checks.cpp", "  if (auto info = read_map_info(map_info, kvol, npairs)) {",
@@ -130,6 +134,7 @@ KERNEL_TESTS = {
     "quantized_conv.cu": ["test/test_hip_cpu_int8.py"],
     "grouped_conv.cu": ["test/test_hip_cpu_grouped.py"],
     "kernel_map.cu": ["test/test_hip_cpu_ops.py", "-k", "kernel_map"],
+    "subm_map.cu": ["test/test_gpu_subm_map.py"],
     "gather_scatter.cu": ["test/test_hip_cpu_ops.py", "-k", "native_route"],
     "hash_table_ops.cu": ["test/test_hip_cpu_ops.py", "-k", "hash_table"],
     "point_to_voxel.cu": ["test/test_hip_cpu_ops.py", "-k", "point_to_voxel"],

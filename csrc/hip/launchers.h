@@ -23,13 +23,6 @@ int hash_clear(int64_t* keys, int32_t* values, int64_t cap, void* stream);
 // ---- kernel maps ----
 // Inserts probe at most cap slots: *full (one int32 on the device, 0 on entry) becomes 1 when a key found no
 // slot (the caller raises). Lookups of absent keys in a full table return -1.
-// Submanifold: inserts every input row (key -> row). *dup_row (one int32 on the device, set by the caller
-// to INT32_MAX) receives the smallest row that found its coordinate already present.
-int subm_insert(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t* hkeys, int32_t* hvals,
-                int64_t cap, int32_t* dup_row, int32_t* full, void* stream);
-// nbr[i * kvol + k] = input row at the offset-k neighbour of row i, or -1.
-int subm_neighbors(const int32_t* indices, int64_t n, const ConvGeometry& g, const int64_t* hkeys,
-                   const int32_t* hvals, int64_t cap, int32_t* nbr, void* stream);
 // Regular (transpose=false) or transposed conv: keys[i * kvol + k] = packed output coordinate or -1.
 int conv_candidate_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, bool transpose, int64_t* keys,
                         void* stream);
@@ -44,6 +37,32 @@ int hash_lookup(const int64_t* keys, int64_t count, const int64_t* hkeys, const 
 // out_indices[r] = (batch, c0, ..., c_{ndim-1}) unpacked from keys[r] with the grid shape.
 int decode_keys(const int64_t* keys, int64_t m, const ConvGeometry& g, bool use_out_shape, int32_t* out_indices,
                 void* stream);
+
+// ---- submanifold kernel maps (subm_map.cu): three kernels, no host read ----
+// status entries (int32): the smallest row whose batch index or coordinates lie outside the grid, the smallest
+// row whose coordinate an earlier-inserted row holds (INT32_MAX for none), 1 when the hash table is full, and
+// the probe's count of finished blocks.
+enum SubmStatus : int { kSubmBadRow = 0, kSubmDupRow = 1, kSubmFull = 2, kSubmBlocksDone = 3, kSubmStatusSize = 4 };
+struct SubmMapBuffers {
+  int64_t* hkeys;  // [cap], cap = hash_capacity(n)
+  int32_t* hvals;  // [cap]
+  int64_t cap;
+  int32_t* nbr;    // [n, kvol]: nbr[o * kvol + k] = the input feeding output o through offset k, or -1
+  int32_t* masks;  // [splits, n]: fused_map_masks' masks of nbr; null: none
+  unsigned long long* sort_keys;  // [splits, n]: the masks as unsigned 64-bit sort keys (with masks)
+  int splits;
+  int64_t* offsets;  // [kvol + 1]: pair_offsets
+  int32_t* status;   // [kSubmStatusSize]
+};
+// Sets every buffer's initial value (keys and table -1, masks, keys and offsets 0, status none).
+int subm_map_init(const SubmMapBuffers& b, int64_t n, int64_t kvol, void* stream);
+// Inserts every row inside the grid (key -> row); records out-of-grid and repeated rows in status.
+int subm_map_insert(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t batch_size,
+                    const SubmMapBuffers& b, void* stream);
+// Fills nbr, masks, sort_keys and offsets. mirrored (odd kernel sizes): looks up offsets 0..kvol/2 only, each
+// hit also giving the pair of offset kvol - 1 - k with the sides swapped.
+int subm_map_probe(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t batch_size, bool mirrored,
+                   const SubmMapBuffers& b, void* stream);
 
 // ---- native route: gather -> vendor GEMM (ATen) -> scatter-add ----
 // dst[r, :] = src[idx[r], :] for r < m; src and dst of dtype t, c channels, row-major contiguous.

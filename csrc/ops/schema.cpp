@@ -17,6 +17,7 @@ SPCONV_SCHEMA(m) {
   m.def("build_info() -> str", &spconv::build_info_json);
   // Device->host copies this library's op glue made since it was loaded (tests of the GPU path's syncs).
   m.def("host_copy_count() -> int", &spconv::ops::host_copy_count);
+  m.def("kernel_launch_count() -> int", &spconv::ops::kernel_launch_count);
   // The cache of large CPU op outputs (output_cache.h): [cached bytes, cached blocks, hits, misses, capacity
   // bytes], and handing its blocks back to the OS.
   m.def("cpu_output_cache_info() -> int[]", &spconv::ops::output_cache_info);
@@ -46,6 +47,17 @@ SPCONV_SCHEMA(m) {
       "get_indice_pairs(Tensor indices, int batch_size, int[] spatial_shape, int[] out_shape, int[] ksize, "
       "int[] stride, int[] padding, int[] dilation, bool subm, bool transpose) "
       "-> (Tensor out_indices, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, Tensor map_info, Tensor table)");
+  // The GPU's submanifold map without a host read (GPU glue only): the out->in table nbr [N, kvol] int32,
+  // build_fused_map's masks and order of it for num_splits > 0 ([num_splits, N]; [0, N] for 0), pair_offsets
+  // [kvol + 1] on the device, and status (int32 [4]: the device's checks of the indices). subm_map_pairs makes
+  // the pairs and map_info from them with one device->host copy, raising what get_indice_pairs raises for bad
+  // indices; its arguments must be subm_kernel_map's (the values are trusted, the shapes checked).
+  m.def(
+      "subm_kernel_map(Tensor indices, int batch_size, int[] spatial_shape, int[] ksize, int[] dilation, "
+      "int num_splits) -> (Tensor nbr, Tensor masks, Tensor order, Tensor pair_offsets, Tensor status)");
+  m.def(
+      "subm_map_pairs(Tensor indices, int batch_size, int[] spatial_shape, int[] ksize, int[] dilation, "
+      "Tensor nbr, Tensor pair_offsets, Tensor status) -> (Tensor pair_in, Tensor pair_out, Tensor map_info)");
 
   // ---- native route: gather -> GEMM -> scatter; filters [kvol, Cin, Cout] ----
   // The filters of a weight: spconv's [Cout, *kernel_size, Cin/groups] -> [kvol, groups, Cin/groups,

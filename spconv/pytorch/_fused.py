@@ -88,11 +88,27 @@ def _reversed(maps):
     return cached
 
 
+def split_count(kvol: int, num_splits: int = 0) -> int:
+    """The mask splits the tables of a kernel volume get (NUM_SPLITS unless asked for)."""
+    return max(1, min(num_splits or NUM_SPLITS, kvol, 4))
+
+
+def table_cache_key(splits: int) -> str:
+    return "fused_map_s%d" % splits
+
+
+def table_info(maps) -> Optional[torch.Tensor]:
+    """The host record fused_conv takes with the tables of ``maps``: ``maps.table_info`` where the map has one
+    (a device-built map gives its row bounds before its pairs exist), else its map_info."""
+    info = getattr(maps, "table_info", None)
+    return info if info is not None else map_info_of(maps)
+
+
 def fused_tables(maps, num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(nbr, masks, order) of ``maps`` (outputs as rows), built once and cached in ``maps.cache``."""
     kvol = maps.pair_offsets.shape[0] - 1
-    s = max(1, min(num_splits or NUM_SPLITS, kvol, 4))
-    key = "fused_map_s%d" % s
+    s = split_count(kvol, num_splits)
+    key = table_cache_key(s)
     tables = maps.cache.get(key)
     if tables is None:
         built = getattr(maps, "out_table", None)  # the map builder's own table, when it kept one
@@ -145,7 +161,7 @@ class FusedConvFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, features, filters, maps, num_splits):
         nbr, masks, order = fused_tables(maps, num_splits)
-        out = _backend.ops.fused_conv(features, filters, nbr, masks, order, map_info_of(maps))
+        out = _backend.ops.fused_conv(features, filters, nbr, masks, order, table_info(maps))
         ctx.maps = maps
         ctx.num_splits = num_splits
         ctx.save_for_backward(features, filters)
@@ -162,7 +178,7 @@ class FusedConvFunction(torch.autograd.Function):
             rev = _reversed(maps)
             nbr, masks, order = fused_tables(rev, ctx.num_splits)
             dx = _backend.ops.fused_conv(grad_out, filters.transpose(1, 2).contiguous(), nbr, masks, order,
-                                         map_info_of(rev))
+                                         table_info(rev))
         if ctx.needs_input_grad[1]:
             dw = _backend.ops.fused_conv_dfilter(features, grad_out, maps.pair_in, maps.pair_out, maps.pair_offsets,
                                                  map_info_of(maps))

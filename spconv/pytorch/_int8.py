@@ -20,7 +20,7 @@ import torch
 
 from spconv import _backend
 from spconv.pytorch import _fused, ops, pair_rounds
-from spconv.pytorch.core import PairMaps, map_info_of
+from spconv.pytorch.core import PairMaps
 
 ACTIVATIONS = {"None_": 0, "ReLU": 1, "LeakyReLU": 2}
 
@@ -123,7 +123,7 @@ def conv(features: torch.Tensor, filters: torch.Tensor, maps: Optional[PairMaps]
     else:
         nbr = identity_table(x.shape[0], dev) if maps is None else neighbour_table(maps)
         out = _backend.ops.quantized_conv(x, filters, nbr, scale, b, res, res_scale, ACTIVATIONS[activation],
-                                          float(alpha), map_info_of(maps))
+                                          float(alpha), _fused.table_info(maps))
     return as_qint8(out, output_scale)
 
 

@@ -1,7 +1,7 @@
 """SparseConvTensor and the kernel-map records stored in its ``indice_dict`` (spconv 2.x: ``spconv.pytorch.core``)."""
 import functools
 import math
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -73,18 +73,24 @@ class PairMaps:
     its builder gave one: the ops then check the map without copying anything from the GPU. ``out_table`` /
     ``in_table``: the builder's neighbour table by output (``[num_out, kvol]``, the input feeding each) or by
     input (``[num_in, kvol]``, the output each feeds), kept for maps on a GPU so that the fused route takes it
-    instead of building it again.
+    instead of building it again. A map built on the GPU without a host read (submanifold maps) gives ``pending``
+    instead of the pairs: ``pair_in``, ``pair_out`` and ``info`` are made by it, once, when first read.
     """
 
-    def __init__(self, pair_in: torch.Tensor, pair_out: torch.Tensor, pair_offsets: torch.Tensor, num_in: int,
-                 num_out: int, repeat_free: bool = False, info: Optional[torch.Tensor] = None,
-                 out_table: Optional[torch.Tensor] = None, in_table: Optional[torch.Tensor] = None):
-        self.pair_in = pair_in
-        self.pair_out = pair_out
+    def __init__(self, pair_in: Optional[torch.Tensor], pair_out: Optional[torch.Tensor], pair_offsets: torch.Tensor,
+                 num_in: int, num_out: int, repeat_free: bool = False, info: Optional[torch.Tensor] = None,
+                 out_table: Optional[torch.Tensor] = None, in_table: Optional[torch.Tensor] = None,
+                 pending: Optional[Callable[[], Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = None):
+        self._pair_in = pair_in
+        self._pair_out = pair_out
         self.pair_offsets = pair_offsets
         self.num_in = as_size(num_in)  # SymInts while tracing
         self.num_out = as_size(num_out)
-        self.info = info
+        self._info = info
+        # pending() -> (pair_in, pair_out, info): a map built on the device whose pairs are compacted (with the
+        # map's one host read) when first asked for; its builder gave repeat_free and the tables.
+        self._pending = pending
+        self._rows_info: Optional[torch.Tensor] = None
         self.out_table = out_table
         self.in_table = in_table
         # True when no row repeats within one offset on either side (known for submanifold maps, and from
@@ -94,6 +100,45 @@ class PairMaps:
         self.repeat_free = bool(repeat_free)
         self.cache: Dict[str, Any] = {}
         self._reversed: Optional["PairMaps"] = None
+
+    def _resolve(self):
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._pair_in, self._pair_out, self._info = pending()
+
+    @property
+    def pair_in(self) -> torch.Tensor:
+        self._resolve()
+        return self._pair_in
+
+    @property
+    def pair_out(self) -> torch.Tensor:
+        self._resolve()
+        return self._pair_out
+
+    @property
+    def info(self) -> Optional[torch.Tensor]:
+        self._resolve()
+        return self._info
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the pairs and the host record exist (False for a device-built map not yet asked for them)."""
+        return self._pending is None
+
+    @property
+    def table_info(self) -> Optional[torch.Tensor]:
+        """A host record for the ops that take the builder's tables (``fused_conv``): ``info`` once resolved;
+        before, the row bounds alone (the tables index num_in rows and have num_out), with zero pairs per
+        offset, so that the tables are used without resolving the map. None while tracing."""
+        if torch.compiler.is_compiling():
+            return None
+        if self._pending is None:
+            return self._info
+        if self._rows_info is None:  # one host tensor per map, no device work
+            self._rows_info = torch.tensor([0] * (self.kernel_volume + 1) + [
+                int(self.num_in), int(self.num_out), MAP_REPEAT_FREE if self.repeat_free else 0], dtype=torch.int64)
+        return self._rows_info
 
     @property
     def kernel_volume(self) -> int:
@@ -107,15 +152,26 @@ class PairMaps:
     def reversed(self) -> "PairMaps":
         """The same pairs with inputs and outputs swapped (inverse convolution), cached."""
         if self._reversed is None:
-            info = None if self.info is None else self.info[[*range(self.info.shape[0] - 3), -2, -3, -1]]
-            rev = PairMaps(self.pair_out, self.pair_in, self.pair_offsets, self.num_out, self.num_in,
-                           self.repeat_free, info, out_table=self.in_table, in_table=self.out_table)
+            if self._pending is not None:
+                rev = PairMaps(None, None, self.pair_offsets, self.num_out, self.num_in, self.repeat_free,
+                               out_table=self.in_table, in_table=self.out_table, pending=self._swapped)
+            else:
+                rev = PairMaps(self.pair_out, self.pair_in, self.pair_offsets, self.num_out, self.num_in,
+                               self.repeat_free, self._swapped_info(), out_table=self.in_table,
+                               in_table=self.out_table)
             rev._reversed = self
             self._reversed = rev
         return self._reversed
 
+    def _swapped_info(self) -> Optional[torch.Tensor]:
+        info = self.info
+        return None if info is None else info[[*range(info.shape[0] - 3), -2, -3, -1]]
+
+    def _swapped(self):
+        return self.pair_out, self.pair_in, self._swapped_info()
+
     def to(self, device: torch.device) -> "PairMaps":
-        if self.pair_in.device == device:
+        if self.pair_offsets.device == device:
             return self
         key = f"on_{device}"
         if key not in self.cache:

@@ -47,6 +47,9 @@ def build_kernel_map(indices: torch.Tensor, batch_size: int, spatial_shape: List
                      ksize: List[int], stride: List[int], padding: List[int], dilation: List[int], subm: bool,
                      transpose: bool) -> Tuple[torch.Tensor, PairMaps]:
     """Output indices and the per-offset (input, output) pairs of one layer."""
+    if subm and all(v == 1 for v in stride) and _backend.runs_gpu_code(indices.device) and \
+            not torch.compiler.is_compiling():
+        return indices, _subm_map_on_device(indices, batch_size, spatial_shape, ksize, dilation)
     out_indices, pair_in, pair_out, pair_offsets, info, table = _ops.get_indice_pairs(
         indices, batch_size, list(spatial_shape), list(out_shape), list(ksize), list(stride), list(padding),
         list(dilation), subm, transpose)
@@ -57,6 +60,27 @@ def build_kernel_map(indices: torch.Tensor, batch_size: int, spatial_shape: List
     # Submanifold maps never repeat a row at one offset: the builder rejects duplicate coordinates.
     return out_indices, PairMaps(pair_in, pair_out, pair_offsets, indices.shape[0], out_indices.shape[0],
                                  repeat_free=subm, info=info, **tables)
+
+
+def _subm_map_on_device(indices: torch.Tensor, batch_size: int, spatial_shape: List[int], ksize: List[int],
+                        dilation: List[int]) -> PairMaps:
+    """A submanifold map built on the GPU without a host read: the out->in table (with the fused route's masks
+    and order, when that route runs) now, the pairs and the host record (and the checks of the indices, made on
+    the device) at the first use that needs them (the native route, the backward), through one host read."""
+    from spconv.pytorch import _fused
+
+    kvol = 1
+    for k in ksize:
+        kvol *= k
+    splits = _fused.split_count(kvol) if _backend.fused_route_enabled(indices.device) else 0
+    args = (indices, batch_size, list(spatial_shape), list(ksize), list(dilation))
+    nbr, masks, order, pair_offsets, status = _ops.subm_kernel_map(*args, splits)
+    n = indices.shape[0]
+    maps = PairMaps(None, None, pair_offsets, n, n, repeat_free=True, out_table=nbr,
+                    pending=lambda: _ops.subm_map_pairs(*args, nbr, pair_offsets, status))
+    if splits:
+        maps.cache[_fused.table_cache_key(splits)] = (nbr, masks, order)
+    return maps
 
 
 @_backend.register_fake("get_indice_pairs")

@@ -9,29 +9,17 @@
 #include <climits>
 #include <limits>
 #include <numeric>
-#include <unordered_set>
 #include <vector>
 
 #include "../checks.h"
 #include "../op_library.h"
 #include "gpu_common.h"
+#include "map_common.h"
+#include "subm_map.h"
 
 namespace spconv {
 namespace ops {
 namespace {
-
-// Same message as the CPU route: the first row whose coordinate repeats an earlier row's.
-[[noreturn]] void raise_duplicate(const at::Tensor& indices_cpu, const ConvGeometry& g) {
-  const int64_t n = indices_cpu.size(0), w = indices_cpu.size(1);
-  const int32_t* p = indices_cpu.const_data_ptr<int32_t>();
-  std::unordered_set<int64_t> seen;
-  int64_t dup = -1;
-  for (int64_t i = 0; i < n && dup < 0; ++i)
-    if (!seen.insert(pack_key(p[i * w], p + i * w + 1, g.in_shape, g.ndim)).second) dup = i;
-  TORCH_CHECK_VALUE(false, "indices row ", dup, " repeats the coordinate of an earlier row; "
-                    "submanifold convolution needs unique coordinates");
-  std::abort();
-}
 
 // The most distinct output keys a regular / transposed conv of n inputs can reach (the hash table's load):
 // per dimension a regular conv reaches only the kernel positions o with c + padding - o * dilation divisible
@@ -50,20 +38,6 @@ int64_t max_output_keys(const ConvGeometry& g, bool transpose, int64_t n, int64_
 // Tables are sized at >= 2x their keys, so a full one means a sizing bug: raise rather than lose keys.
 void check_table_not_full(int32_t full, int64_t cap) {
   TORCH_CHECK(full == 0, "get_indice_pairs: the coordinate hash table (", cap, " slots) is full");
-}
-
-// table [rows, kvol] int32 (partner or -1) with `npairs` entries >= 0 -> pairs grouped by offset, rows ascending
-// within an offset. The count comes from the host, so the compaction needs no device->host copy of its own.
-void compact(const at::Tensor& table, int64_t npairs, bool rows_are_outputs, at::Tensor& pair_in,
-             at::Tensor& pair_out) {
-  const int64_t rows = table.size(0);
-  at::Tensor tt = table.t().contiguous();  // [kvol, rows]
-  at::Tensor nz = at::nonzero_static(tt.ge(0), npairs);  // [P, 2] (k, row), row-major order
-  at::Tensor k_idx = nz.select(1, 0), r_idx = nz.select(1, 1);
-  at::Tensor partner = tt.view(-1).index_select(0, k_idx * rows + r_idx);
-  at::Tensor row = r_idx.to(at::kInt);
-  pair_in = rows_are_outputs ? partner : row;
-  pair_out = rows_are_outputs ? row : partner;
 }
 
 // The inputs' packed coordinate keys (int64 [n]) and their stable sort order.
@@ -158,27 +132,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   auto lopts = iopts.dtype(at::kLong);
   at::Tensor pair_in, pair_out;
 
-  if (subm) {
-    const int64_t cap = gpu::hash_capacity(n);
-    at::Tensor hkeys = at::empty({cap}, lopts), hvals = at::empty({cap}, iopts);
-    check_launch(gpu::hash_clear(hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap, stream),
-                 "hash_clear");
-    at::Tensor flags = at::tensor({INT32_MAX, 0}, iopts);  // smallest duplicate row, table full
-    check_launch(gpu::subm_insert(ip, n, g, hkeys.mutable_data_ptr<int64_t>(), hvals.mutable_data_ptr<int32_t>(), cap,
-                                  flags.mutable_data_ptr<int32_t>(), flags.mutable_data_ptr<int32_t>() + 1, stream),
-                 "subm_insert");
-    at::Tensor nbr = at::empty({n, g.kvol}, iopts);
-    check_launch(gpu::subm_neighbors(ip, n, g, hkeys.const_data_ptr<int64_t>(), hvals.const_data_ptr<int32_t>(), cap,
-                                     nbr.mutable_data_ptr<int32_t>(), stream),
-                 "subm_neighbors");
-    const at::Tensor counts = nbr.ge(0).sum(0);
-    const HostFacts f = fetch_facts(indices, batch_size, g, {flags}, counts);
-    check_table_not_full(static_cast<int32_t>(f.flags()[1]), cap);
-    if (f.flags()[0] != INT32_MAX) raise_duplicate(to_host(indices_arg).contiguous(), g);
-    const at::Tensor offsets = offsets_of(f.counts());
-    compact(nbr, offsets.const_data_ptr<int64_t>()[g.kvol], /*rows_are_outputs=*/true, pair_in, pair_out);
-    return {indices_arg.clone(), pair_in, pair_out, offsets_of(counts),  // outputs may not alias inputs
-            make_map_info(offsets, n, n, /*repeat_free=*/true, subm_map_mirrored(g)), nbr};
+  if (subm) {  // subm_map_gpu.cpp: three kernels, then the one host read
+    const SubmMap m = build_subm_map(indices, batch_size, g, /*num_splits=*/0);
+    auto [sub_in, sub_out, info] = subm_pairs_of(indices, batch_size, g, m.nbr, m.offsets, m.status);
+    return {indices_arg.clone(), sub_in, sub_out, m.offsets, info, m.nbr};  // outputs may not alias inputs
   }
 
   at::Tensor keys = at::empty({n * g.kvol}, lopts);
@@ -220,7 +177,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                                 out_indices.mutable_data_ptr<int32_t>(), stream),
                "decode_keys");
   const at::Tensor offsets = offsets_of(f.counts());
-  compact(table, offsets.const_data_ptr<int64_t>()[g.kvol], /*rows_are_outputs=*/false, pair_in, pair_out);
+  compact_table(table, offsets.const_data_ptr<int64_t>()[g.kvol], /*rows_are_outputs=*/false, pair_in, pair_out);
   return {out_indices, pair_in, pair_out, offsets_of(counts),
           make_map_info(offsets, n, num_out, /*repeat_free=*/f.flags()[2] == 0), table};
 }
