@@ -225,7 +225,7 @@ _SIMT = {}
 
 
 @pytest.mark.parametrize("name", ["basic_crop", "unet"])
-@pytest.mark.parametrize("variant", ["wmma", "mfma"])
+@pytest.mark.parametrize("variant", ["wmma", "mfma", "sm80"])
 def test_network_fp16_emulated(variant, name):
     net, x = fp16_case(name)
     if name not in _SIMT:

@@ -1,4 +1,4 @@
-"""Every HIP CPU build variant (tools/hip_cpu_build.py VARIANTS: plain SIMT, emulated WMMA, emulated MFMA)
+"""Every HIP CPU build variant (tools/hip_cpu_build.py VARIANTS: plain SIMT, emulated WMMA, MFMA and sm_80)
 runs the fused forward, dinput and dfilter of FP16/BF16 within tolerance of an FP64 reference, and the
 emulated bodies agree bit for bit with the SIMT body, in both thread orders of a block (conftest.thread_order; the
 SIMT body run in descending order too). A variant is skipped until the tree enables it (the
@@ -21,7 +21,7 @@ import hip_cpu_build  # noqa: E402
 pytestmark = pytest.mark.hip_cpu
 
 cpu = torch.ops.spconv
-EMULATED = ["wmma", "mfma"]
+EMULATED = ["wmma", "mfma", "sm80"]
 DTYPES = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 # (cin, cout, geometry): channels a multiple of 8 (vector loads) and not, one past a tile, several K steps and
 # column tiles; kernel volumes 27 and 8; a sparse map whose offsets leave whole row tiles empty (mask walk).
@@ -91,7 +91,8 @@ def test_variant_kernels_listed():
     src = hip_cpu_build.REPO
     # SPCONV_INT8_MMA / SPCONV_INT8_MFMA (int8_dot.h) are the matrix-core switches of the int8 kernel.
     switch = {"wmma": r"SPCONV_DEVICE_WMMA|SPCONV_INT8_MMA|SPCONV_EMULATE_",
-              "mfma": r"SPCONV_DEVICE_MFMA|SPCONV_INT8_MFMA|SPCONV_EMULATE_"}
+              "mfma": r"SPCONV_DEVICE_MFMA|SPCONV_INT8_MFMA|SPCONV_EMULATE_",
+              "sm80": r"SPCONV_DEVICE_SM80|SPCONV_FORWARD_SM80|SPCONV_EMULATE_|tc_sm80\.h"}
     for name in EMULATED:
         uses = {os.path.relpath(p, src) for p in glob.glob(os.path.join(src, "csrc", "hip", "*.cu"))
                 if re.search(switch[name], open(p).read())}

@@ -68,6 +68,8 @@ VARIANTS: Dict[str, Variant] = {
     "simt": Variant("spconv_hipcpu", [], None),
     "wmma": Variant("spconv_hipcpu_wmma", ["SPCONV_EMULATE_WMMA=1"], _EMU, _FUSED + _INT8),
     "mfma": Variant("spconv_hipcpu_mfma", ["SPCONV_EMULATE_MFMA=1"], _EMU, _FUSED + _INT8),
+    # The pipelined forward body (cp.async, ldmatrix, mma.sync m16n8k16); dinput and dfilter stay SIMT here.
+    "sm80": Variant("spconv_hipcpu_sm80", ["SPCONV_EMULATE_SM80=1"], _EMU, _FUSED),
 }
 
 

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "launchers.h"
+#include "tc_sm80.h"
 
 namespace spconv {
 namespace gpu {
@@ -325,6 +326,13 @@ __device__ void forward_mfma(const FwdArgs& a) {
 }
 #endif
 
+// The pipelined sm_80 forward body: in the emulated sm80 variant, and in nvcc builds for sm_80+ that ask for it
+// with SPCONV_FUSED_SM80 (WMMA stays the default there until the body has run on a GPU).
+#if defined(SPCONV_DEVICE_SM80) && (defined(SPCONV_EMULATE_SM80) || defined(SPCONV_FUSED_SM80))
+#define SPCONV_FORWARD_SM80 1
+#include "fused_conv_sm80.cuh"
+#endif
+
 // The matrix-core body of this compile target (16-bit types only); the SIMT body everywhere else. An `else`
 // branch, not an early return: the other body (and its shared memory) is then never instantiated.
 #if defined(SPCONV_DEVICE_WMMA)
@@ -342,7 +350,12 @@ __device__ void forward_mfma(const FwdArgs& a) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) fused_forward_kernel(FwdArgs a) {
+#if defined(SPCONV_FORWARD_SM80)
+  if constexpr (!std::is_same<T, float>::value) forward_sm80<T>(a);
+  else forward_simt<T>(a);
+#else
   SPCONV_RUN_BODY(forward, T, a);
+#endif
 }
 
 // ---- dfilter: 64 (cin) x 64 (cout) tile of dW[k] per block, one split-K chunk of the pairs ----
@@ -603,6 +616,7 @@ template <typename T>
 int launch_forward(FwdArgs a, int num_splits, hipStream_t stream) {
   const int64_t row_tiles = (a.n_out + BM - 1) / BM, col_tiles = (a.cout + BN - 1) / BN;
   if (row_tiles > 0x7fffffffLL || col_tiles > 65535) return static_cast<int>(hipErrorInvalidValue);
+  if (a.cin > 0x7fffffffLL - BK) return static_cast<int>(hipErrorInvalidValue);  // the sm80 body counts in int
   const int32_t* masks = a.masks;
   const int32_t* order = a.order;
   for (int s = 0; s < num_splits; ++s) {
@@ -705,7 +719,9 @@ namespace {
 // so the code the runtime picks for the device (its own binary, or PTX compiled for it) answers. Under the HIP
 // CPU runtime that is the body compiled in: an emulated WMMA/MFMA variant answers wmma/mfma, the plain one simt.
 __global__ void forward_body_kernel(int32_t* out) {
-#if defined(SPCONV_DEVICE_WMMA)
+#if defined(SPCONV_FORWARD_SM80)
+  out[0] = 3;
+#elif defined(SPCONV_DEVICE_WMMA)
   out[0] = 1;
 #elif defined(SPCONV_DEVICE_MFMA)
   out[0] = 2;
@@ -722,7 +738,7 @@ int fused_forward_body(int32_t* out, void* stream) {
 
 const char* fused_body_name(DType t, int32_t body) {
   if (t == DType::F32) return "simt";  // FP32 always takes the SIMT body
-  return body == 1 ? "wmma" : body == 2 ? "mfma" : "simt";
+  return body == 1 ? "wmma" : body == 2 ? "mfma" : body == 3 ? "sm80" : "simt";
 }
 
 }  // namespace gpu
