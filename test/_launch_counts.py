@@ -1,8 +1,8 @@
 """Counts of the launches and host waits of a call into the GPU code run on the CPU (HIP CPU build); used by
 the tests of launch budgets and by tools/map_build_counts.py.
   project ops     the op library's operators called (torch.ops.<namespace>.*)
-  kernels         project kernel launches (every launcher call of the glue goes through check_launch: the
-                  library's kernel_launch_count op; None when the library predates it)
+  kernels         project kernel launches (the HIP CPU build's launch ledger, debug_launch_ledger: every launch
+                  goes through launch_kernel in csrc/hip/hip_compat.h)
   aten            ATen ops called anywhere (Python or the glue) that do device work: an op whose profiler
                   subtree holds an op other than allocation, views and metadata (zeros = 1, to(dtype) = 1)
   waits           the glue's device->host copies (host_copy_count) plus ATen ops that wait for a GPU
@@ -35,13 +35,12 @@ def _has_work(ev) -> bool:
 def count(lib, fn):
     """Counts of one call of fn() (see the module docstring)."""
     ns = lib.name
-    has_kc = hasattr(lib, "kernel_launch_count")
-    k0 = lib.kernel_launch_count() if has_kc else 0
+    k0 = lib.debug_launch_ledger()[0]
     h0 = lib.host_copy_count()
     with torch.profiler.profile() as prof:
         fn()
     copies = lib.host_copy_count() - h0
-    kernels = lib.kernel_launch_count() - k0 if has_kc else None
+    kernels = lib.debug_launch_ledger()[0] - k0
     events = prof.events()
     project = [e for e in events if e.name.startswith(ns + "::")]
     aten_top = [e for e in events if e.name.startswith("aten::") and

@@ -2,8 +2,7 @@
 HIP CPU build): each layer runs once building its map and once with the map cached (same indice_key), and the
 build's share is the difference. Counted per forward:
   project ops     the op library's operators called (torch.ops.<namespace>.*)
-  kernels         project kernel launches (every launcher call of the glue goes through check_launch; the
-                  library's kernel_launch_count op; "-" when the library predates it)
+  kernels         project kernel launches (the HIP CPU build's launch ledger, debug_launch_ledger)
   ATen launches   ATen ops called anywhere (Python or the glue) that do device work: an op whose profiler
                   subtree holds an op other than allocation, views and metadata (zeros = 1, to(dtype) = 1)
   host waits      the glue's device->host copies (host_copy_count) plus ATen ops that wait for a GPU

@@ -16,12 +16,6 @@ at::Tensor to_host(const at::Tensor& t) {
 
 int64_t host_copy_count() { return host_copies.load(std::memory_order_relaxed); }
 
-static std::atomic<int64_t> kernel_launches{0};
-
-void count_kernel_launch() { kernel_launches.fetch_add(1, std::memory_order_relaxed); }
-
-int64_t kernel_launch_count() { return kernel_launches.load(std::memory_order_relaxed); }
-
 void check_indices(const at::Tensor& indices, int64_t ndim) {
   TORCH_CHECK_TYPE(indices.scalar_type() == at::kInt, "indices must be int32, got ", indices.scalar_type());
   TORCH_CHECK_VALUE(indices.dim() == 2 && indices.size(1) == ndim + 1, "indices must have shape [N, ", ndim + 1,

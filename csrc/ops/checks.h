@@ -15,10 +15,6 @@ namespace ops {
 // (the host_copy_count op: the copies this op library made since it was loaded, CPU tensors included).
 at::Tensor to_host(const at::Tensor& t);
 int64_t host_copy_count();
-// Every GPU launcher call of the glue (check_launch) is counted, so that tests can hold launch budgets
-// (the kernel_launch_count op).
-void count_kernel_launch();
-int64_t kernel_launch_count();
 
 void check_indices(const at::Tensor& indices, int64_t ndim);
 

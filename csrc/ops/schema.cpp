@@ -17,7 +17,6 @@ SPCONV_SCHEMA(m) {
   m.def("build_info() -> str", &spconv::build_info_json);
   // Device->host copies this library's op glue made since it was loaded (tests of the GPU path's syncs).
   m.def("host_copy_count() -> int", &spconv::ops::host_copy_count);
-  m.def("kernel_launch_count() -> int", &spconv::ops::kernel_launch_count);
   // The cache of large CPU op outputs (output_cache.h): [cached bytes, cached blocks, hits, misses, capacity
   // bytes], and handing its blocks back to the OS.
   m.def("cpu_output_cache_info() -> int[]", &spconv::ops::output_cache_info);

@@ -32,9 +32,8 @@ inline gpu::DType gpu_dtype(at::ScalarType t) {
   return gpu::DType::F32;
 }
 
-// Every launch goes through this (and is counted: the kernel_launch_count op): a failed launch raises with the kernel's name and the runtime's message.
+// Every launcher call goes through this: a failed launch raises with the kernel's name and the runtime's message.
 inline void check_launch(int code, const char* what) {
-  count_kernel_launch();
   TORCH_CHECK(code == 0, "spconv GPU kernel ", what, " failed: ", gpu::error_string(code));
 }
 
