@@ -252,7 +252,12 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--jobs", type=int, default=None)
     a = ap.parse_args(argv)
-    chosen = [m for m in all_mutations() if (not a.only or m.name in a.only) and (not a.match or a.match in m.name)]
+    every = all_mutations()
+    unknown = set(a.only or []) - {m.name for m in every}
+    if unknown:
+        print("hip_cpu_mutation: no mutation named %s (--list shows them)" % ", ".join(sorted(unknown)), file=sys.stderr)
+        return 2
+    chosen = [m for m in every if (not a.only or m.name in a.only) and (not a.match or a.match in m.name)]
     if a.list:
         for m in chosen:
             print("%-40s %s: %s" % (m.name, m.path, m.why))
