@@ -17,10 +17,11 @@ def test_full_hash_table_is_reported(tmp_path, hip_cpu):
     import hip_cpu_build
     src_root = os.environ.get("SPCONV_HIP_CPU_SOURCE_ROOT") or ROOT  # as the hip_cpu fixture builds
     exe = str(tmp_path / "hash_bounds")
+    tbb_compile, tbb_link = hip_cpu_build.tbb_flags()  # oneTBB where the HIP CPU build finds it (pip's or the system's)
     cmd = [os.environ.get("CXX", "g++"), "-std=c++17", "-O1", "-x", "c++", "-DSPCONV_HIP_CPU=1", "-pthread",
-           "-isystem", os.path.join(hip_cpu_build.runtime_root(), "include"), "-I" + os.path.join(src_root, "csrc"),
-           "-I" + os.path.join(src_root, "csrc", "include"), os.path.join(ROOT, "test", "cpp", "hash_bounds.cpp"),
-           "-o", exe, "-ltbb", "-lpthread"]
+           "-isystem", os.path.join(hip_cpu_build.runtime_root(), "include")] + tbb_compile + [
+           "-I" + os.path.join(src_root, "csrc"), "-I" + os.path.join(src_root, "csrc", "include"),
+           os.path.join(ROOT, "test", "cpp", "hash_bounds.cpp"), "-o", exe] + tbb_link + ["-lpthread"]
     subprocess.run(cmd, check=True, capture_output=True)
     r = subprocess.run([exe], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

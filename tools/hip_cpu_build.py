@@ -117,7 +117,7 @@ def tbb_prefix() -> Optional[str]:
     return None
 
 
-def _tbb_flags():
+def tbb_flags():
     """(compile flags, link flags) that find oneTBB."""
     prefix = tbb_prefix()
     if prefix is None:
@@ -210,7 +210,7 @@ def _flags(src: str, sanitize: bool, torch_version: str, torch_inc: List[str]):
     if sanitize:
         common += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
     cu = ["-x", "c++", "-std=c++17", "-Wno-unknown-pragmas", "-isystem", os.path.join(runtime_root(), "include")]
-    cu += _tbb_flags()[0]
+    cu += tbb_flags()[0]
     # C++20: torch 2.13 headers need it (as in setup.py).
     cxx = ["-std=c++20", '-DSPCONV_GPU_BACKEND="hip_cpu"', '-DSPCONV_GPU_ARCHS="host"',
            '-DSPCONV_TORCH_VERSION="%s"' % torch_version] + ["-isystem" + p for p in torch_inc]
@@ -280,7 +280,7 @@ def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Op
         raise BuildError("no csrc/hip/*.cu under %s" % src)
 
     link = ["-shared", "-Wl,-z,defs"] + ["-L" + p for p in torch_lib] + ["-Wl,-rpath," + p for p in torch_lib]
-    link += ["-lc10", "-ltorch_cpu", "-ltorch"] + _tbb_flags()[1] + ["-lpthread"]
+    link += ["-lc10", "-ltorch_cpu", "-ltorch"] + tbb_flags()[1] + ["-lpthread"]
     if san:
         link = ["-fsanitize=address,undefined"] + link
     lib_key = _digest(*[o for _, o, _ in jobs_list], " ".join(link))
@@ -319,7 +319,7 @@ def build_program(name: str, sources: List[str], defines: List[str] = (), source
         obj = os.path.join(cache, "%s-%s.o" % (os.path.basename(path).replace(".", "_"), key))
         jobs_list.append((path, obj, [_cxx()] + lang["cu"] + common + ["-c", path, "-o", obj]))
     _compile(jobs_list, src, jobs, log, name)
-    link = _tbb_flags()[1] + ["-lpthread"] + (["-fsanitize=address,undefined"] if san else [])
+    link = tbb_flags()[1] + ["-lpthread"] + (["-fsanitize=address,undefined"] if san else [])
     out_dir = os.path.join(BUILD_DIR, "asan" if san else "", "programs", _digest(*[o for _, o, _ in jobs_list]))
     exe = os.path.join(out_dir, name)
     if not os.path.isfile(exe):

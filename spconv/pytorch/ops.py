@@ -47,8 +47,8 @@ def build_kernel_map(indices: torch.Tensor, batch_size: int, spatial_shape: List
                      ksize: List[int], stride: List[int], padding: List[int], dilation: List[int], subm: bool,
                      transpose: bool) -> Tuple[torch.Tensor, PairMaps]:
     """Output indices and the per-offset (input, output) pairs of one layer."""
-    if subm and all(v == 1 for v in stride) and _backend.runs_gpu_code(indices.device) and \
-            not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() and subm and all(v == 1 for v in stride) and \
+            _backend.runs_gpu_code(indices.device):
         return indices, _subm_map_on_device(indices, batch_size, spatial_shape, ksize, dilation)
     out_indices, pair_in, pair_out, pair_offsets, info, table = _ops.get_indice_pairs(
         indices, batch_size, list(spatial_shape), list(out_shape), list(ksize), list(stride), list(padding),

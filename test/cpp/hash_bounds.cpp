@@ -1,6 +1,7 @@
 // The kernel-map hash table on the HIP CPU runtime: inserting into a full table reports it instead of probing
 // forever, and looking up an absent key in a full table ends. Prints "ok" on success.
 #include "hip/kernel_map.cu"
+#include "hip/launch_ledger.cu"  // every launch notes itself in the test build's ledger
 
 #include <cstdio>
 #include <vector>
