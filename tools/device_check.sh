@@ -91,6 +91,7 @@ fi
 
 phase "timing: SubMConv3d 3x3x3 on ~50k voxels, 41x1600x1408, kernel map cached"
 timeout "$(cap 60)" python3 - <<'PY'
+import sys
 import time
 
 import numpy as np
@@ -99,36 +100,16 @@ import torch
 import spconv._backend as backend
 from spconv.pytorch import _fused
 
+sys.path.insert(0, "tools")
+import device_peers  # noqa: E402  (the scenes shared with the peers' timing)
+
 ops = torch.ops.spconv
 dev = torch.device("cuda")
 
 
 def synthetic_scene(n_target=50000, seed=0):
-    """LiDAR-like voxels on a 41x1600x1408 grid (z 0.1 m, y/x 0.05 m): ground pieces and vertical faces,
-    voxelized densely with 30% holes (about 6.5 pairs per voxel for a 3x3x3 SubM, like a real sweep)."""
-    rng = np.random.default_rng(seed)
-    keys = np.zeros(0, np.int64)
-    while keys.size < n_target:
-        if rng.uniform() < 0.5:
-            x0, y0 = rng.integers(0, 1300), rng.integers(0, 1500)
-            lx, ly = rng.integers(20, 100), rng.integers(20, 100)
-            xs, ys = np.meshgrid(np.arange(x0, x0 + lx), np.arange(y0, y0 + ly), indexing="ij")
-            zs = 12 + ((xs - x0) * rng.uniform(-0.02, 0.02)).astype(np.int64)
-        else:
-            x0, y0, z0 = rng.integers(0, 1300), rng.integers(0, 1500), rng.integers(10, 20)
-            length, h = rng.integers(20, 100), rng.integers(5, 20)
-            a, zs = np.meshgrid(np.arange(length), np.arange(z0, z0 + h), indexing="ij")
-            if rng.uniform() < 0.5:
-                xs, ys = x0 + a, np.full_like(a, y0)
-            else:
-                xs, ys = np.full_like(a, x0), y0 + a
-        keep = rng.uniform(size=xs.shape) > 0.3
-        xs, ys, zs = xs[keep], ys[keep], zs[keep]
-        ok = (xs < 1408) & (ys < 1600) & (zs >= 0) & (zs < 41)
-        keys = np.unique(np.concatenate([keys, (zs[ok] * 1600 + ys[ok]) * 1408 + xs[ok]]))
-    keys = keys[:n_target]
-    idx = np.stack([np.zeros_like(keys), keys // (1600 * 1408), (keys // 1408) % 1600, keys % 1408], 1)
-    return torch.from_numpy(idx.astype(np.int32))
+    """The layer scene, as tools/device_peers.py builds it for the peers (one definition)."""
+    return torch.from_numpy(device_peers.synthetic_scene(n_target, seed))
 
 
 def bench(fn, warmup=10, iters=50):
