@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import spconv._backend  # noqa: F401
-from spconv.pytorch import _fused, pair_rounds
+from spconv.pytorch import _route, pair_rounds
 from spconv.pytorch.core import PairMaps
 
 
@@ -98,7 +98,7 @@ def test_fused_cpu_reference_sums_duplicates(transpose, inverse):
     y_ref, xr, wr = native_reference(x, w, maps)
     y_ref.backward(dy)
     xf, wf = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
-    y = _fused.fused_conv_unchecked(xf, wf, maps)
+    y = _route.fused_conv_unchecked(xf, wf, maps)
     y.backward(dy)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(xf.grad, xr.grad, rtol=1e-5, atol=1e-5)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import spconv._backend  # noqa: F401
-from spconv.pytorch import _fused
+from spconv.pytorch import _fused, _route
 
 ops = torch.ops.spconv
 
@@ -276,14 +276,14 @@ def test_autograd_function(case):
     small = make_map(**dict(CASES[case], n=12))[2]
     xs = torch.randn(small.num_in, 2, dtype=torch.float64, requires_grad=True)
     ws = torch.randn(kvol, 2, 3, dtype=torch.float64, requires_grad=True)
-    torch.autograd.gradcheck(lambda a, b: _fused.fused_conv_unchecked(a, b, small, 2), (xs, ws), fast_mode=True)
-    _fused.fused_conv_unchecked(x, w, m, 2).sum().backward()
+    torch.autograd.gradcheck(lambda a, b: _route.fused_conv_unchecked(a, b, small, 2), (xs, ws), fast_mode=True)
+    _route.fused_conv_unchecked(x, w, m, 2).sum().backward()
     x.grad = w.grad = None
     # tables cached on the map and on its reverse
     assert "fused_map_s2" in m.cache
     assert "fused_map_s2" in _fused._reversed(m).cache
     dy = torch.randn(m.num_out, 4, dtype=torch.float64)
-    y = _fused.fused_conv_unchecked(x, w, m)
+    y = _route.fused_conv_unchecked(x, w, m)
     y.backward(dy)
     torch.testing.assert_close(y.detach(), native(x.detach(), w.detach(), m))
     dx_ref, dw_ref = native_backward(x.detach(), w.detach(), dy, m)
@@ -295,7 +295,7 @@ def test_fused_conv_policy_on_cpu():
     _, _, m = make_map(**CASES["subm3"])
     x = torch.randn(m.num_in, 4)
     w = torch.randn(27, 4, 4)
-    assert _fused.fused_conv(x, w, m, m.num_out) is None  # CPU tensors never take the fused route
+    assert _route.fused_conv(x, w, m, m.num_out) is None  # CPU tensors never take the fused route
     assert _fused._shape_ok(x, w, m, m.num_out)
     assert not _fused._shape_ok(x.double(), w.double(), m, m.num_out)
     assert not _fused._shape_ok(x, w[:1], m, m.num_out)

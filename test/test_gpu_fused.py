@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from spconv import _backend, constants
-from spconv.pytorch import _fused
+from spconv.pytorch import _fused, _route
 from test_fused_cpu import CASES, Maps, make_map, native, native_backward, sorted_pairs
 
 pytestmark = pytest.mark.skipif(
@@ -183,7 +183,7 @@ def test_fused_autograd_and_cache():
     md = to_dev(m)
     x = torch.randn(m.num_in, 32, device=DEV, requires_grad=True)
     w = torch.randn(27, 32, 48, device=DEV, requires_grad=True)
-    y = _fused.fused_conv(x, w, md, m.num_out)
+    y = _route.fused_conv(x, w, md, m.num_out)
     assert y is not None
     dy = torch.randn_like(y)
     y.backward(dy)
@@ -191,7 +191,7 @@ def test_fused_autograd_and_cache():
     dx_ref, dw_ref = native_backward(x.detach().cpu().double(), w.detach().cpu().double(), dy.cpu().double(), m)
     torch.testing.assert_close(x.grad.cpu().double(), dx_ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(w.grad.cpu().double(), dw_ref, rtol=1e-4, atol=1e-3)
-    assert _fused.fused_conv(x.double(), w.double(), md, m.num_out) is None  # fp64 -> native
+    assert _route.fused_conv(x.double(), w.double(), md, m.num_out) is None  # fp64 -> native
 
 
 # ---- through the modules, fused route on and off ----

@@ -10,7 +10,7 @@ from spconv import _backend
 from spconv.benchmark.routes import forced_native
 from spconv.benchmark.workloads.int8 import quantize_layer
 from spconv.core import Activation
-from spconv.pytorch import _int8
+from spconv.pytorch import _int8, _route
 from spconv.pytorch.quantization.core import quantize_per_tensor
 from spconv.pytorch.quantization.quantized.conv import LinearPerChannelWeight
 
@@ -41,7 +41,7 @@ def _three_routes(hip_cpu, fn):
         runs, names = [], []
         for native in (False, True):
             with _backend.gpu_code_on_cpu(hip_cpu.name), forced_native(native):
-                assert _int8.route(torch.device("cpu")) == ("native" if native else "fused")
+                assert _route.int8_route(torch.device("cpu")) == ("native" if native else "fused")
                 with torch.profiler.profile() as prof:
                     runs.append(fn())
             names.append([e.name for e in prof.events()])

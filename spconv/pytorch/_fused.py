@@ -16,9 +16,10 @@ How it works
   WMMA tensor cores on NVIDIA sm_80+ and MFMA on AMD gfx90a/gfx94x. ``torch.ops.spconv.fused_conv_path(x)``
   tells which one runs.
 
-Eligibility (``fused_conv`` returns None otherwise and the caller takes the native route)
+Eligibility (``_route.fused_conv`` returns None otherwise and the caller takes the native route)
   * the features are on a GPU, the GPU kernels are built, and SPCONV_FORCE_NATIVE is not set (checked by
-    ``spconv._backend.fused_route_enabled`` before this module is called);
+    ``spconv._backend.fused_route_enabled`` by ``spconv.pytorch._route``, which runs this module's tables and
+    autograd Function, one call per round of a map that repeats a row at one offset);
   * dtype float32, float16 or bfloat16 (float64 always takes the native route), filters of the same dtype;
   * kernel volume >= 2 (a 1x1 convolution is a plain GEMM, done by the caller) and <= MAX_KVOL;
   * channels: 1 <= Cin, Cout <= MAX_CHANNELS (any count; the 16-byte vector loads of the tensor-core bodies
@@ -40,8 +41,7 @@ from torch.autograd.function import once_differentiable
 from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
 from spconv import _backend  # loads the extension, which defines the ops; _backend.ops calls them
-from spconv.pytorch import pair_rounds
-from spconv.pytorch.core import map_info_of
+from spconv.pytorch._maps import map_info_of
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KVOL = 4096
@@ -183,25 +183,3 @@ class FusedConvFunction(torch.autograd.Function):
             dw = _backend.ops.fused_conv_dfilter(features, grad_out, maps.pair_in, maps.pair_out, maps.pair_offsets,
                                                  map_info_of(maps))
         return dx, dw, None, None
-
-
-def fused_conv_unchecked(features: torch.Tensor, filters: torch.Tensor, maps, num_splits: int = 0) -> torch.Tensor:
-    """The fused convolution on any device (the CPU runs the reference kernels), without the route policy.
-
-    A map that repeats a row at one offset (duplicate coordinates) runs as its rounds (``pair_rounds``): a
-    neighbour table holds one input per (output, offset)."""
-    parts = pair_rounds.split_rounds(maps)
-    if len(parts) > 1:
-        return pair_rounds.sum_rounds([fused_conv_unchecked(features, filters, p, num_splits) for p in parts])
-    return FusedConvFunction.apply(features.contiguous(), filters, maps, num_splits)
-
-
-def fused_conv(features: torch.Tensor, filters: torch.Tensor, maps, num_out: int) -> Optional[torch.Tensor]:
-    """The fused route for one convolution, or None when the shape is not eligible (see the module docstring).
-
-    features [num_in, Cin]; filters [kvol, Cin, Cout] (autograd-tracked); maps has pair_in, pair_out,
-    pair_offsets, num_in, num_out and a dict ``cache``. Returns [num_out, Cout], differentiable in both.
-    """
-    if not eligible(features, filters, maps, num_out):
-        return None
-    return fused_conv_unchecked(features, filters, maps)

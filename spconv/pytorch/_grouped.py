@@ -1,4 +1,4 @@
-"""Grouped and depthwise sparse convolution (``groups > 1``): weight layout, route, fake kernels and autograd.
+"""Grouped and depthwise sparse convolution (``groups > 1``): weight layout, executors, fake kernels and autograd.
 
 Weight and filters
   The module weight is ``[Cout, *kernel, Cin/groups]`` (spconv's KRSC layout per group, as torch.nn.ConvNd's
@@ -7,7 +7,7 @@ Weight and filters
   (``weight_to_grouped_filters``): one contiguous ``[cig, cog]`` matrix per (offset, group), the per-group
   version of the dense route's ``[kvol, Cin, Cout]``.
 
-Route (every device; groups == 1 never comes here)
+Route (every device; groups == 1 never comes here; chosen by ``spconv.pytorch._route.conv_grouped``)
   * kernel volume 1 without a stored map: one ``grouped_conv`` over the identity table (no kernel map);
   * CPU, and GPU with the fused route enabled: ``grouped_conv`` over the kernel map's neighbour table
     (``build_fused_map``'s ``nbr``, cached in ``maps.cache`` and shared with the fused route); its backward
@@ -21,9 +21,9 @@ import functools
 
 import torch
 
-from spconv import _backend, constants
-from spconv.pytorch import _fused, ops, pair_rounds
-from spconv.pytorch.core import identity_map, map_info_input, map_info_of
+from spconv import _backend
+from spconv.pytorch import _fused, _native
+from spconv.pytorch._maps import identity_map, map_info_input, map_info_of
 
 
 def check_groups(in_channels: int, out_channels: int, groups) -> int:
@@ -38,7 +38,7 @@ def check_groups(in_channels: int, out_channels: int, groups) -> int:
 
 def weight_to_grouped_filters(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """Weight ``[Cout, *kernel, Cin/groups]`` -> filters ``[kvol, groups, Cin/groups, Cout/groups]``."""
-    return ops.weight_to_filters(weight, groups)
+    return _native.weight_to_filters(weight, groups)
 
 
 # ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----
@@ -99,7 +99,7 @@ def _register_autograd(namespace: str):
 _backend.on_op_library(_register_autograd)
 
 
-# ---- route ----
+# ---- executors (the route that picks one: spconv.pytorch._route.conv_grouped) ----
 def _needs_grad(features: torch.Tensor, filters: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and (features.requires_grad or filters.requires_grad)
 
@@ -120,34 +120,13 @@ def conv1x1_grouped(features: torch.Tensor, filters: torch.Tensor) -> torch.Tens
     return _backend.ops.grouped_conv(features, filters, ident, ident, info)
 
 
-def conv_grouped(features: torch.Tensor, filters: torch.Tensor, maps, num_out: int) -> torch.Tensor:
-    """One grouped sparse convolution on the route for its device; differentiable in features and filters.
-
-    features [num_in, Cin]; filters [kvol, groups, Cin/groups, Cout/groups]; returns [num_out, Cout].
-    """
-    maps = maps.to(features.device)
-    features = features.contiguous()
-    if not _backend.runs_gpu_code(features.device):
-        if not getattr(maps, "repeat_free", False):  # the pairs route sums rows repeated at one offset
-            return _pairs(features, filters, maps, num_out)
-        return _table(features, filters, maps)
-    parts = pair_rounds.split_rounds(maps)  # GPU kernels update a row once per offset
-    if len(parts) > 1:
-        return pair_rounds.sum_rounds([_gpu_one(features, filters, p, num_out) for p in parts])
-    return _gpu_one(features, filters, maps, num_out)
-
-
-def _gpu_one(features, filters, maps, num_out):
-    if constants.SPCONV_FORCE_NATIVE:
-        return _pairs(features, filters, maps, num_out)
-    return _table(features, filters, maps)
-
-
-def _table(features, filters, maps):
+def table_conv(features, filters, maps):
+    """``grouped_conv`` over the map's neighbour table (its reverse built only when a gradient is needed)."""
     nbr, nbr_t = tables(maps, _needs_grad(features, filters))
     return _backend.ops.grouped_conv(features, filters, nbr, nbr_t, map_info_of(maps))
 
 
-def _pairs(features, filters, maps, num_out):
+def pairs_conv(features, filters, maps, num_out):
+    """``indice_conv_grouped`` over the pairs (sums rows repeated at one offset)."""
     return _backend.ops.indice_conv_grouped(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets,
                                             num_out, map_info_of(maps))

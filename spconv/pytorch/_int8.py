@@ -13,14 +13,17 @@ cached in the kernel map, so layers sharing an ``indice_key`` build it once). Ma
 the epilogue rounds. The epilogue (csrc/ops/schema.cpp, int8 section): per-channel requantization
 ``input_scale * weight_scale / output_scale``, bias, the residual of the add variants, the activation, then
 rounding to int8 (ties to even) and saturation.
+
+This module holds the operands and the two executors (``table_conv``, ``native_conv``); which one runs is
+``spconv.pytorch._route.int8_conv``'s choice.
 """
 from typing import Optional
 
 import torch
 
 from spconv import _backend
-from spconv.pytorch import _fused, ops, pair_rounds
-from spconv.pytorch.core import PairMaps
+from spconv.pytorch import _fused, pair_rounds
+from spconv.pytorch._qview import as_qint8, int_view  # noqa: F401  (the int8 layers reach them here)
 
 ACTIVATIONS = {"None_": 0, "ReLU": 1, "LeakyReLU": 2}
 
@@ -29,22 +32,6 @@ ACTIVATIONS = {"None_": 0, "ReLU": 1, "LeakyReLU": 2}
 def _quantized_conv_fake(features, filters, nbr, scale, bias, residual, residual_scale, activation, alpha,
                          map_info=None):
     return features.new_empty((nbr.shape[0], filters.shape[2]))
-
-
-def int_view(q: torch.Tensor) -> torch.Tensor:
-    """The int8 values of a qint8 tensor, sharing its memory."""
-    if q.dtype != torch.qint8:
-        raise TypeError(f"expected a torch.qint8 tensor, got {q.dtype}")
-    if q.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric) and q.q_zero_point() != 0:
-        raise ValueError(f"int8 layers need symmetric quantization (zero_point 0), got {q.q_zero_point()}")
-    return torch.empty(0, dtype=torch.int8, device=q.device).set_(q.untyped_storage(), q.storage_offset(),
-                                                                  q.shape, q.stride())
-
-
-def as_qint8(t: torch.Tensor, scale: float) -> torch.Tensor:
-    """A per-tensor qint8 tensor (zero point 0) over the memory of the int8 tensor ``t``."""
-    q = torch._empty_affine_quantized((0,), scale=float(scale), zero_point=0, dtype=torch.qint8, device=t.device)
-    return q.set_(t.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
 
 def quantized_weight_filters(qweight: torch.Tensor) -> torch.Tensor:
@@ -95,17 +82,10 @@ def identity_table(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, dtype=torch.int32, device=device).view(n, 1)
 
 
-def conv(features: torch.Tensor, filters: torch.Tensor, maps: Optional[PairMaps], num_out: int,
-         channel_scale: torch.Tensor, bias: Optional[torch.Tensor], output_scale: float,
-         residual: Optional[torch.Tensor], activation: str, alpha: float) -> torch.Tensor:
-    """qint8 features [N, Cin] -> qint8 [num_out, Cout] with scale ``output_scale``.
-
-    ``maps``: the layer's kernel map, None for a 1x1 convolution (output row r reads input row r).
-    ``channel_scale = input_scale * weight_scales / output_scale`` and ``bias`` already divided by
-    ``output_scale`` (spconv 2.x's arguments); ``residual``: a qint8 tensor added before the activation.
-    The route follows the float convs' policy: the table kernel (``quantized_conv``) on the CPU and on the
-    GPU's fused route; with SPCONV_FORCE_NATIVE on a GPU, gather -> vendor int8 GEMM -> int32 scatter-add ->
-    the same epilogue. Both give the same bits (exact integer sums, one rounding order)."""
+def prepare(features: torch.Tensor, channel_scale: torch.Tensor, bias: Optional[torch.Tensor], output_scale: float,
+            residual: Optional[torch.Tensor], activation: str):
+    """The ops' operands of one int8 convolution (see ``_route.int8_conv``): (int8 features, float32 channel
+    scale, float32 bias or None, int8 residual or None, residual scale, activation code)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"int8 layers support the activations {sorted(ACTIVATIONS)}, got {activation}")
     x = int_view(features).contiguous()
@@ -116,27 +96,18 @@ def conv(features: torch.Tensor, filters: torch.Tensor, maps: Optional[PairMaps]
     if residual is not None:
         res = int_view(residual).contiguous()
         res_scale = float(residual.q_scale()) / float(output_scale)
-    if maps is not None:
-        maps = maps.to(dev)
-    if route(dev) == "native":
-        out = _native_conv(x, filters, maps, num_out, scale, b, res, res_scale, ACTIVATIONS[activation], alpha)
-    else:
-        nbr = identity_table(x.shape[0], dev) if maps is None else neighbour_table(maps)
-        out = _backend.ops.quantized_conv(x, filters, nbr, scale, b, res, res_scale, ACTIVATIONS[activation],
-                                          float(alpha), _fused.table_info(maps))
-    return as_qint8(out, output_scale)
+    return x, scale, b, res, res_scale, ACTIVATIONS[activation]
 
 
-def route(device: torch.device) -> str:
-    """The int8 route for tensors on ``device``: "cpu" (the CPU kernel), "fused" (the GPU table kernel) or
-    "native" (the GPU code with SPCONV_FORCE_NATIVE: gather, vendor int8 GEMM, scatter-add, epilogue)."""
-    if not _backend.runs_gpu_code(device):
-        return "cpu"
-    return "fused" if _backend.fused_route_enabled(device) else "native"
+def table_conv(x, filters, maps, scale, bias, residual, residual_scale, activation, alpha):
+    """The table kernel (``quantized_conv``, CPU and the GPU's fused route); int8 [num_out, Cout]."""
+    nbr = identity_table(x.shape[0], x.device) if maps is None else neighbour_table(maps)
+    return _backend.ops.quantized_conv(x, filters, nbr, scale, bias, residual, residual_scale, activation,
+                                      float(alpha), _fused.table_info(maps))
 
 
 # ---- the native GPU route ----
-def _native_conv(x, filters, maps, num_out, scale, bias, residual, residual_scale, activation, alpha):
+def native_conv(x, filters, maps, num_out, scale, bias, residual, residual_scale, activation, alpha):
     kvol, cin, cout = filters.shape
     if filters.dtype != torch.int8 or x.shape[1] != cin:
         raise ValueError(f"quantized_conv: filters must be int8 [kvol, {x.shape[1]}, Cout], got "
@@ -193,9 +164,3 @@ def epilogue(acc: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor
 def kernel_path(features: torch.Tensor) -> str:
     """Which int8 kernel body runs for these features' device (``quantized_conv_path``)."""
     return _backend.ops.quantized_conv_path(features if features.dtype == torch.int8 else int_view(features))
-
-
-def maxpool(features: torch.Tensor, maps, num_out: int) -> torch.Tensor:
-    """Integer max pool of qint8 features: ``max(0, window max)`` like the float pool, the input's scale kept."""
-    out = ops.indice_maxpool_native(int_view(features).contiguous(), maps, num_out)
-    return as_qint8(out, features.q_scale())

@@ -1,7 +1,7 @@
 """spconv 2.x's ``spconv.pytorch.ops`` functions with their signatures and return layouts, over our ops.
 
 Code written against spconv 2.x (custom layers, export scripts) calls these directly; ``ops.py`` re-exports
-them. Kernel maps come in spconv's two layouts:
+them. Each runs the native op wrappers (``_native``) on the native route (``_route``'s rounds and pool routes). Kernel maps come in spconv's two layouts:
 
 * native: ``indice_pairs`` int32 ``[2, kvol, num_in]`` (row 0 inputs, row 1 outputs, the first
   ``indice_pair_num[k]`` entries of offset ``k`` valid) and ``indice_pair_num`` int32 ``[kvol]``;
@@ -20,10 +20,10 @@ import torch
 
 from spconv import _backend
 from spconv.core import ConvAlgo
-from spconv.pytorch import ops as _native
-from spconv.pytorch import pair_rounds
+from spconv.pytorch import _native, _route
+from spconv.pytorch._activation import _activation_name, apply_activation
+from spconv.pytorch._maps import PairMaps, pairs_to_spconv_layout
 from spconv.pytorch._symsize import as_size
-from spconv.pytorch.core import PairMaps, pairs_to_spconv_layout
 
 _ops = _backend.ops  # the selected op library (torch.ops.spconv unless a test swaps it)
 
@@ -76,22 +76,19 @@ def _table_from_maps(maps: PairMaps, rows_are_outputs: bool) -> torch.Tensor:
     return table
 
 
-def _rounds(features: torch.Tensor, maps: PairMaps) -> List[PairMaps]:
-    """The GPU kernels need maps that repeat no row at one offset (see pair_rounds); the CPU sums repeats."""
-    return pair_rounds.split_rounds(maps) if _backend.runs_gpu_code(features.device) else [maps]
-
-
 def _conv(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
-    return pair_rounds.sum_rounds([_ops.indice_conv(features, filters, p.pair_in, p.pair_out, p.pair_offsets, num_out,
-                                                    p.map_info)
-                                   for p in _rounds(features, maps)])
+    """The native op over ``maps``, by rounds where the GPU code runs (see ``_route.on_device_rounds``)."""
+    return _route.on_device_rounds(lambda p: _ops.indice_conv(features, filters, p.pair_in, p.pair_out,
+                                                              p.pair_offsets, num_out, p.map_info),
+                                   maps, features.device)
 
 
 def _conv_backward(features: torch.Tensor, filters: torch.Tensor, out_bp: torch.Tensor,
                    maps: PairMaps) -> Tuple[torch.Tensor, torch.Tensor]:
-    grads = [_ops.indice_conv_backward(features, filters, out_bp, p.pair_in, p.pair_out, p.pair_offsets, p.map_info)
-             for p in _rounds(features, maps)]
-    return pair_rounds.sum_rounds([g[0] for g in grads]), pair_rounds.sum_rounds([g[1] for g in grads])
+    return _route.on_device_rounds(lambda p: tuple(_ops.indice_conv_backward(features, filters, out_bp, p.pair_in,
+                                                                             p.pair_out, p.pair_offsets,
+                                                                             p.map_info)),
+                                   maps, features.device)
 
 
 def _krsc_to_filters(filters: torch.Tensor) -> torch.Tensor:
@@ -104,7 +101,6 @@ def _filters_grad_to_krsc(dw: torch.Tensor, filters: torch.Tensor) -> torch.Tens
 
 
 def _bias_act(out: torch.Tensor, bias, act_type, act_alpha: float) -> torch.Tensor:
-    from spconv.pytorch.conv import _activation_name, apply_activation  # conv imports ops: import late
     if bias is not None:
         out = out + bias
     if act_type is None:
@@ -263,13 +259,13 @@ def implicit_gemm_backward(features: torch.Tensor, filters: torch.Tensor, out_bp
 def indice_maxpool(features: torch.Tensor, indice_pairs: torch.Tensor, indice_pair_num: torch.Tensor,
                    num_activate_out: int) -> torch.Tensor:
     maps = _maps_from_native(indice_pairs, indice_pair_num, features.shape[0], int(num_activate_out))
-    return _native.indice_maxpool_native(features.contiguous(), maps, int(num_activate_out))
+    return _route.indice_maxpool_native(features.contiguous(), maps, int(num_activate_out))
 
 
 def indice_maxpool_backward(features: torch.Tensor, out_features: torch.Tensor, out_bp: torch.Tensor,
                             indice_pairs: torch.Tensor, indice_pair_num: torch.Tensor) -> torch.Tensor:
     maps = _maps_from_native(indice_pairs, indice_pair_num, features.shape[0], out_features.shape[0])
-    lib, m = _native.pool_route(features, maps)
+    lib, m = _route.pool_route(features, maps)
     dev = m.pair_in.device
     return lib.indice_maxpool_backward(features.contiguous().to(dev), out_features.contiguous().to(dev),
                                         out_bp.contiguous().to(dev), m.pair_in, m.pair_out,
@@ -280,14 +276,14 @@ def indice_maxpool_implicit_gemm(features: torch.Tensor, indice_pairs: torch.Ten
                                  num_activate_out: int) -> torch.Tensor:
     """``indice_pairs`` is ``pair_fwd`` ``[kvol, num_out]``."""
     maps = _maps_from_table(indice_pairs, True, features.shape[0], int(num_activate_out))
-    return _native.indice_maxpool_native(features.contiguous(), maps, int(num_activate_out))
+    return _route.indice_maxpool_native(features.contiguous(), maps, int(num_activate_out))
 
 
 def indice_maxpool_implicit_gemm_backward(features: torch.Tensor, out_features: torch.Tensor, out_bp: torch.Tensor,
                                           indice_pairs: torch.Tensor) -> torch.Tensor:
     """``indice_pairs`` is ``pair_bwd`` ``[kvol, num_in]``."""
     maps = _maps_from_table(indice_pairs, False, features.shape[0], out_features.shape[0])
-    lib, m = _native.pool_route(features, maps)
+    lib, m = _route.pool_route(features, maps)
     dev = m.pair_in.device
     return lib.indice_maxpool_backward(features.contiguous().to(dev), out_features.contiguous().to(dev),
                                         out_bp.contiguous().to(dev), m.pair_in, m.pair_out,
@@ -298,7 +294,7 @@ def indice_avgpool_implicit_gemm(features: torch.Tensor, indice_pairs: torch.Ten
                                  calc_count: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     """spconv 2.x: ``(out, count)``; count (int32 ``[num_out]``) is an empty tensor unless ``calc_count``."""
     maps = _maps_from_table(indice_pairs, True, features.shape[0], int(num_activate_out))
-    out, count = _native.indice_avgpool_native(features.contiguous(), maps, int(num_activate_out))
+    out, count = _route.indice_avgpool_native(features.contiguous(), maps, int(num_activate_out))
     return out, (count if calc_count else torch.Tensor())
 
 
@@ -306,7 +302,7 @@ def indice_avgpool_implicit_gemm_backward(out_bp: torch.Tensor, indice_pairs: to
                                           count_out: torch.Tensor) -> torch.Tensor:
     """``indice_pairs`` is ``pair_bwd`` ``[kvol, num_in]``; ``count_out`` from the forward with calc_count."""
     maps = _maps_from_table(indice_pairs, False, indice_pairs.shape[1], out_bp.shape[0])
-    lib, m = _native.pool_route(out_bp, maps)
+    lib, m = _route.pool_route(out_bp, maps)
     dev = m.pair_in.device
     return lib.indice_avgpool_backward(out_bp.contiguous().to(dev), count_out.int().contiguous().to(dev), m.pair_in,
                                         m.pair_out, m.pair_offsets, indice_pairs.shape[1]).to(out_bp.device)

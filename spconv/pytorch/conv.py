@@ -10,14 +10,13 @@ from typing import List, Optional, Tuple, Union
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn import init
 from torch.nn.parameter import Parameter
 
 from spconv import constants
 from spconv.core import Activation, ConvAlgo
-from spconv.pytorch import _checkpoint, _grouped, _int8, ops
+from spconv.pytorch import _checkpoint, _grouped, _int8, _route, ops
 # ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
 from spconv.pytorch.core import (ImplicitGemmIndiceData, IndiceData, SparseConvTensor,  # noqa: F401
                                  check_unique_indices, expand_nd)
@@ -25,29 +24,9 @@ from spconv.pytorch._symsize import check_equal
 from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
 from spconv.pytorch.functional import conv_features, weight_to_filters
 from spconv.pytorch.modules import SparseModule
+from spconv.pytorch._activation import _activation_name, apply_activation
 
 IntOrSeq = Union[int, List[int], Tuple[int, ...]]
-
-
-def _activation_name(act_type) -> str:
-    """Accepts spconv.core.Activation, cumm's tv.gemm.Activation or a string."""
-    name = act_type if isinstance(act_type, str) else getattr(act_type, "name", str(act_type))
-    name = name.split(".")[-1]
-    if name in ("None_", "None", "none", "Identity"):
-        return "None_"
-    if name not in ("ReLU", "Sigmoid", "LeakyReLU"):
-        raise ValueError(f"act_type must be one of None_, ReLU, Sigmoid, LeakyReLU, got {act_type!r}")
-    return name
-
-
-def apply_activation(x: torch.Tensor, act: str, alpha: float) -> torch.Tensor:
-    if act == "ReLU":
-        return F.relu(x)
-    if act == "Sigmoid":
-        return torch.sigmoid(x)
-    if act == "LeakyReLU":
-        return F.leaky_relu(x, alpha)
-    return x
 
 
 # spconv 2.x's default algo: implicit GEMM up to this kernel volume (128 with large_kernel_fast_algo), else Native.
@@ -202,10 +181,10 @@ class SparseConvForward:
                 out = self._int8_conv(features, weight, None, features.shape[0], channel_scale, bias, output_scale,
                                       add_input, act, alpha, True)
             elif self.groups != 1:
-                out = _grouped.conv1x1_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups))
+                out = _route.conv1x1_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups))
                 out = self._finish(out, bias, add_input, act, alpha)
             else:
-                out = Fsp.conv1x1(features, weight.view(self.in_channels, self.out_channels))
+                out = _route.conv1x1(features, weight.view(self.in_channels, self.out_channels))
                 out = self._finish(out, bias, add_input, act, alpha)
             return input.with_structure(out, input.indices, out_spatial_shape, input.indice_dict)
 
@@ -250,7 +229,7 @@ class SparseConvForward:
                                   add_input, act, alpha)
         else:
             if self.groups != 1:
-                out = _grouped.conv_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups), maps,
+                out = _route.conv_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups), maps,
                                             outids.shape[0])
             else:
                 out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
@@ -271,8 +250,8 @@ class SparseConvForward:
         if cached[2] is not None:  # the 1x1 matrix's own column scales replace the stored weight's
             channel_scale = channel_scale.to(features.device) * cached[2]
         residual = None if add_input is None else add_input.features
-        return _int8.conv(features, cached[1], maps, num_out, channel_scale, bias, output_scale, residual, act,
-                          alpha)
+        return _route.int8_conv(features, cached[1], maps, num_out, channel_scale, bias, output_scale, residual,
+                                act, alpha)
 
     def _check_subm_reuse_valid(self, inp: SparseConvTensor, datas: IndiceData):
         key = self.indice_key

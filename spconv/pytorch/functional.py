@@ -1,57 +1,25 @@
-"""Feature computation of sparse layers: the route choice and autograd wiring (spconv 2.x: ``functional``)."""
-import torch
+"""spconv 2.x's ``spconv.pytorch.functional``: its autograd Functions and ``sparse_add``; and the feature
+computation the layers call (``conv_features``, ``conv1x1``: the route, from ``_route``)."""
+from typing import List
 
-from spconv import _backend
-from spconv.pytorch import ops, pair_rounds
-from spconv.pytorch.core import PairMaps, identity_map
+import torch
+from torch.autograd import Function
+from torch.autograd.function import once_differentiable
+
+from spconv.core import ConvAlgo
+from spconv.pytorch import _native, ops
+from spconv.pytorch._route import conv1x1, conv_features  # noqa: F401  (the layers' entry points)
+from spconv.pytorch.core import SparseConvTensor
+from spconv.pytorch.hash import HashTable  # noqa: F401  (spconv 2.x exposes it here)
 
 
 def weight_to_filters(weight: torch.Tensor) -> torch.Tensor:
     """spconv 2.x weight ``[Cout, *kernel, Cin]`` -> per-offset GEMM operands ``[kvol, Cin, Cout]``."""
     cout, cin = weight.shape[0], weight.shape[-1]
-    return ops.weight_to_filters(weight).view(-1, cin, cout)
-
-
-def conv_features(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
-    """Runs one sparse convolution on the route the dispatcher picks; differentiable in features and filters."""
-    maps = maps.to(features.device)
-    if _backend.runs_gpu_code(features.device):  # the CPU route sums rows repeated at one offset; GPU kernels can't
-        parts = pair_rounds.split_rounds(maps)
-        if len(parts) > 1:
-            return pair_rounds.sum_rounds([_conv_one(features, filters, p, num_out) for p in parts])
-    return _conv_one(features, filters, maps, num_out)
-
-
-def conv1x1(features: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
-    """A 1x1 convolution (kernel volume 1, stride 1): ``features @ matrix``, matrix ``[Cin, Cout]``. On the CPU
-    it runs as the native op over the identity map: the vendor GEMM's own threading splits the products by the
-    thread count, and on some CPUs (Intel's, with MKL) that changes dW's bits with torch.set_num_threads; the
-    native route's fixed row blocks and split-K segments don't."""
-    if _backend.runs_gpu_code(features.device):
-        return torch.mm(features, matrix)
-    n = features.shape[0]
-    ident, offsets, info = identity_map(n, features.device)
-    return ops._ops.indice_conv(features, matrix.unsqueeze(0), ident, ident, offsets, n, info)
-
-
-def _conv_one(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
-    if _backend.fused_route_enabled(features.device):
-        from spconv.pytorch import _fused
-        out = _fused.fused_conv(features, filters, maps, num_out)
-        if out is not None:
-            return out
-    return ops.indice_conv_native(features, filters, maps, num_out)
+    return _native.weight_to_filters(weight).view(-1, cin, cout)
 
 
 # ---- spconv 2.x autograd Functions and sparse_add ----
-from typing import List, Optional  # noqa: E402
-
-from torch.autograd import Function  # noqa: E402
-from torch.autograd.function import once_differentiable  # noqa: E402
-
-from spconv.core import ConvAlgo  # noqa: E402
-from spconv.pytorch.core import SparseConvTensor  # noqa: E402
-from spconv.pytorch.hash import HashTable  # noqa: E402,F401  (spconv 2.x exposes it here)
 
 
 class SparseConvFunction(Function):

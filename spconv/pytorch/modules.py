@@ -1,4 +1,5 @@
 """Module base classes and the sparse container (spconv 2.x: ``spconv.pytorch.modules``)."""
+import sys
 import time
 from collections import OrderedDict
 from typing import Optional
@@ -53,8 +54,10 @@ def is_spconv_module(module: nn.Module) -> bool:
 
 
 def is_sparse_conv(module: nn.Module) -> bool:
-    from spconv.pytorch.conv import SparseConvolution
-    return isinstance(module, SparseConvolution)
+    """Whether ``module`` is a SparseConvolution (looked up without importing the convs: this module is below
+    them, and no module can be a conv before spconv.pytorch.conv is imported)."""
+    conv = sys.modules.get("spconv.pytorch.conv")
+    return conv is not None and isinstance(module, conv.SparseConvolution)
 
 
 class SparseSequential(SparseModule):

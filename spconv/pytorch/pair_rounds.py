@@ -7,11 +7,14 @@ GPU scatter-add and pooling kernels update a row once per launch without atomics
 into rounds: round r holds every (row, offset)'s r-th pair (in pair order), so no round repeats a row at an
 offset on either side. Convolution is linear: the sum over the rounds is the convolution over the map, in
 both directions and for the filter gradient. Maps without repeats (all submanifold maps, and every map of
-unique coordinates) are one round, themselves, at the cost of one check per map.
+unique coordinates) are one round, themselves, at the cost of one check per map. Running a layer over the
+rounds and summing them is ``spconv.pytorch._route.over_rounds``.
 """
 from typing import List
 
 import torch
+
+from spconv.pytorch._maps import PairMaps, make_map_info
 
 _CACHE_KEY = "repeat_rounds"
 
@@ -38,8 +41,6 @@ def rank_within_groups(keys: torch.Tensor) -> torch.Tensor:
 
 
 def _split_side(maps, side: str) -> List:
-    from spconv.pytorch.core import PairMaps, make_map_info
-
     rows = maps.pair_out if side == "out" else maps.pair_in
     num_rows = maps.num_out if side == "out" else maps.num_in
     if rows.numel() == 0:
@@ -93,12 +94,3 @@ def split_rounds(maps) -> List:
 
 def has_repeats(maps) -> bool:
     return len(split_rounds(maps)) > 1
-
-
-def sum_rounds(outs: List[torch.Tensor]) -> torch.Tensor:
-    """The rounds' outputs added in round order, in FP32 for 16-bit dtypes (rounded once at the end)."""
-    acc_t = torch.float32 if outs[0].dtype in (torch.float16, torch.bfloat16) else outs[0].dtype
-    acc = outs[0].to(acc_t)
-    for o in outs[1:]:
-        acc = acc + o.to(acc_t)
-    return acc.to(outs[0].dtype)

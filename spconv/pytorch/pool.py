@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from spconv.core import ConvAlgo
-from spconv.pytorch import _checkpoint, _int8, ops
+from spconv.pytorch import _checkpoint, _route, ops
 from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
 # ImplicitGemmIndiceData: spconv 2.x code imports it from this module.
 from spconv.pytorch.core import ImplicitGemmIndiceData, IndiceData, SparseConvTensor, expand_nd  # noqa: F401
@@ -122,7 +122,7 @@ class SparseMaxPool(_SparsePoolBase):
 
     def _pool_features(self, features, maps, num_out):
         if features.is_quantized:  # integer max on the int8 values, the input's scale kept (shared observer)
-            return _int8.maxpool(features, maps, num_out)
+            return _route.int8_maxpool(features, maps, num_out)
         return ops.indice_maxpool_native(features, maps, num_out)
 
 

@@ -50,13 +50,13 @@ def _layer(groups: int, device, dtype, seed: int):
 
 
 def _features_only(layer, x, datas):
-    from spconv.pytorch import _grouped
+    from spconv.pytorch import _grouped, _route
     from spconv.pytorch.functional import conv_features, weight_to_filters
     n = datas.out_indices.shape[0]
     if layer.groups == 1:
         return conv_features(x.features, weight_to_filters(layer.weight), datas.maps, n)
-    return _grouped.conv_grouped(x.features, _grouped.weight_to_grouped_filters(layer.weight, layer.groups),
-                                 datas.maps, n)
+    return _route.conv_grouped(x.features, _grouped.weight_to_grouped_filters(layer.weight, layer.groups),
+                               datas.maps, n)
 
 
 def _name(groups: int) -> str:

@@ -15,7 +15,7 @@ from spconv.benchmark.network import build_basic_net
 from spconv.benchmark.routes import Route, available_routes, chosen_route_name, forced_native
 from spconv.benchmark.timing import time_fn
 from spconv.benchmark.workloads.common import Context, Task, measurement, sparse_tensor
-from spconv.pytorch import _int8
+from spconv.pytorch import _int8, _route
 from spconv.pytorch.quantization.quantized import SparseConv as QSparseConv
 from spconv.pytorch.quantization.utils import conv_init_args
 
@@ -99,7 +99,7 @@ def _rows(ctx: Context, scan, route: Route, chosen: bool):
     ctx.record.checks.append(Check("layers", f"int8 subm {C}->{C} {route.name} vs fp32 (relative L2)",
                                    float((got - ref).norm() / ref.norm()), 0.05, f"{n} voxels"))
     gops = 2 * pairs * C * C / (int8.median / 1e3) / 1e9
-    path = ("gather, torch._int_mm, scatter-add" if _int8.route(device) == "native"
+    path = ("gather, torch._int_mm, scatter-add" if _route.int8_route(device) == "native"
             else _int8.kernel_path(torch.zeros(1, 1, dtype=torch.int8, device=device)))
     ctx.note(f"int8 ({route.name}, {path}): SubM 3x3x3 {C}->{C} N={n} map cached: fp32 {fp32.median:.2f} ms, int8 "
              f"{int8.median:.2f} ms = {fp32.median / int8.median:.2f}x faster, {gops:.0f} GOP/s = "

@@ -8,7 +8,7 @@ import torch.ao.nn.intrinsic as nni
 from torch.ao.nn.quantized.modules.utils import WeightedQuantizedModule, _quantize_weight
 
 from spconv.core import Activation
-from spconv.pytorch import _int8
+from spconv.pytorch import _int8, _route
 from spconv.pytorch.conv import SparseConvForward, SparseConvolution, SparseConvolutionBase
 from spconv.pytorch.core import SparseConvTensor
 from spconv.pytorch.quantization.utils import conv_init_args, fuse_spconv_bn_weights
@@ -216,7 +216,7 @@ class LinearPerChannelWeight(_QuantizedState, WeightedQuantizedModule):
             self._filters = _int8.quantized_weight_filters(self._weight).to(x.device)
         scale = x.q_scale() * _int8.weight_scales(self._weight).to(x.device) / self.scale
         bias = None if self._bias is None else self._bias.to(x.device) / self.scale
-        out = _int8.conv(x2, self._filters, None, x2.shape[0], scale, bias, self.scale,
+        out = _route.int8_conv(x2, self._filters, None, x2.shape[0], scale, bias, self.scale,
                          None, self._ACT, 0.0)
         return out.reshape(*lead, self.out_features)
 
