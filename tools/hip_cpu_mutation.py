@@ -50,10 +50,11 @@ _FWD_LOOP_END_BARRIER = """      simt_fma_tile(As, Bs, tx, ty, acc);
 _SUBM_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
     if (!subm_neighbor(g, row + 1, koff, nb)) continue;"""
 _SUBM_MIRROR = "    if (mirrored && k != kvol - 1 - k) record_pair("
-_CONV_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
-    bool ok ="""
+_CONV_OFFSET = """      unravel_offset(k, g.ksize, g.ndim, koff);
+      const bool ok ="""
 _FUSED_TESTS = ["test/test_hip_cpu_ops.py", "-k", "fused_forward_dinput_dfilter and f32"]
 _MAP_TESTS = ["test/test_hip_cpu_ops.py", "-k", "kernel_map_pairs"]
+_CONV_MAP_TESTS = ["test/test_gpu_conv_map.py", "-k", "cpu_route"]
 _INT8_TESTS = ["test/test_hip_cpu_int8.py"]
 
 MUTATIONS = [
@@ -76,7 +77,7 @@ MUTATIONS = [
              "    if (false && k != kvol - 1 - k) record_pair(", ["test/test_gpu_subm_map.py", "-k", "cpu_route"],
              why="SubM map: the hits of offsets 0..kvol/2 no longer give their mirrors (offsets past kvol/2 empty)"),
     Mutation("conv_offset_off_by_one", "csrc/hip/kernel_map.cu", _CONV_OFFSET,
-             _CONV_OFFSET.replace("koff);", "koff);\n    if (k == 0) koff[0] += 1;"), _MAP_TESTS,
+             _CONV_OFFSET.replace("koff);", "koff);\n      if (k == 0) koff[0] += 1;"), _CONV_MAP_TESTS,
              why="regular/transposed candidates: the first kernel offset is shifted one cell along the first axis"),
     Mutation("mfma_lane", "csrc/hip/fused_conv.cu", "lr = lane % 16, lq = lane / 16",
              "lr = (lane + 1) % 16, lq = lane / 16", ["test", "-m", "hip_cpu", "-k", "mfma"],
@@ -92,9 +93,14 @@ MUTATIONS = [
              "nbr[int64_t(pair_out[p]) * kvol + lo] = pair_in[p];",
              ["test/test_duplicate_coords.py", "-k", "hip_cpu_build_fused_map"],
              why="fused table: a second pair of one (output, offset) silently replaces the first"),
-    Mutation("outputs_in_key_order", "csrc/ops/gpu/indice_gpu.cpp", "  if (num_out > 0) {\n    at::Tensor first_seen",
-             "  if (false) {\n    at::Tensor first_seen", ["test/test_gpu_map_order.py"],
-             why="regular conv outputs keep the hash's sorted-key numbering instead of the CPU's first-seen order"),
+    Mutation("inputs_visited_in_row_order", "csrc/hip/kernel_map.cu",
+             "? pack_key(row[0], row + 1, g.in_shape, g.ndim) : kBadKey;", "? i : kBadKey;",
+             ["test/test_gpu_map_order.py"],
+             why="regular conv outputs numbered in first-seen order over the rows instead of the CPU route's "
+                 "(coordinate key, row) order"),
+    Mutation("pairs_in_key_order", "csrc/hip/kernel_map.cu", "b.flags[total + k * n + order[r]] = s >= 0;",
+             "b.flags[total + k * n + r] = s >= 0;", ["test/test_gpu_map_order.py"],
+             why="regular conv pairs of one offset in input key order instead of input row order"),
     Mutation("native_16bit_offset_results", "csrc/ops/gpu/conv_gpu.cpp",
              "at::empty({max_count, c_dst}, src.options().dtype(acc.scalar_type()))",
              "at::empty({max_count, c_dst}, src.options())", ["test/test_gpu_native_accumulation.py"],
@@ -141,7 +147,7 @@ KERNEL_TESTS = {
     "fused_conv.cu": ["test/test_hip_cpu_ops.py", "test/test_hip_cpu_variants.py", "-k", "fused or same_bits"],
     "quantized_conv.cu": ["test/test_hip_cpu_int8.py"],
     "grouped_conv.cu": ["test/test_hip_cpu_grouped.py"],
-    "kernel_map.cu": ["test/test_hip_cpu_ops.py", "-k", "kernel_map"],
+    "kernel_map.cu": ["test/test_gpu_conv_map.py"],
     "subm_map.cu": ["test/test_gpu_subm_map.py"],
     "gather_scatter.cu": ["test/test_hip_cpu_ops.py", "-k", "native_route"],
     "hash_table_ops.cu": ["test/test_hip_cpu_ops.py", "-k", "hash_table"],

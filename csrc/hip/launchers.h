@@ -14,29 +14,42 @@ enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, F64 = 3 };
 
 const char* error_string(int code);
 
-// Open-addressing hash table of packed int64 keys (empty slot = -1) with int32 values.
-// Capacity is a power of two >= 2 * expected entries.
+// Open-addressing hash table of packed int64 keys (coord_hash.h; empty slot = -1): a capacity for `expected`
+// keys (a power of two >= 2 * expected, at least 16).
 int64_t hash_capacity(int64_t expected);
-// Sets all keys to -1 and values to -1.
-int hash_clear(int64_t* keys, int32_t* values, int64_t cap, void* stream);
 
-// ---- kernel maps ----
-// Inserts probe at most cap slots: *full (one int32 on the device, 0 on entry) becomes 1 when a key found no
-// slot (the caller raises). Lookups of absent keys in a full table return -1.
-// Regular (transpose=false) or transposed conv: keys[i * kvol + k] = packed output coordinate or -1.
-int conv_candidate_keys(const int32_t* indices, int64_t n, const ConvGeometry& g, bool transpose, int64_t* keys,
-                        void* stream);
-// Inserts every key != -1 (values untouched).
-int hash_insert_keys(const int64_t* keys, int64_t count, int64_t* hkeys, int64_t cap, int32_t* full, void* stream);
-// For r < m: the slot of uniq[r] gets value r (uniq must already be inserted).
-int hash_assign_rank(const int64_t* uniq, int64_t m, const int64_t* hkeys, int32_t* hvals, int64_t cap,
-                     void* stream);
-// out[t] = value of keys[t], or -1 for key -1 / absent.
-int hash_lookup(const int64_t* keys, int64_t count, const int64_t* hkeys, const int32_t* hvals, int64_t cap,
-                int32_t* out, void* stream);
-// out_indices[r] = (batch, c0, ..., c_{ndim-1}) unpacked from keys[r] with the grid shape.
-int decode_keys(const int64_t* keys, int64_t m, const ConvGeometry& g, bool use_out_shape, int32_t* out_indices,
-                void* stream);
+// ---- regular, transposed and pooling kernel maps (kernel_map.cu): four kernels, one stable sort of the input
+// keys, one scan, one host read between the scan and the last kernel ----
+// Visit v = r * kvol + k is input rank r (the inputs in (coordinate key, row) order, the CPU route's) through
+// offset k. status (int64): the smallest row outside [0, batch_size) x in_shape (INT64_MAX for none), 1 when the
+// hash table is full, 1 when two inputs share a coordinate, the number of distinct outputs, then the pairs of
+// each offset [kvol].
+enum ConvMapStatus : int { kMapBadRow = 0, kMapFull = 1, kMapDupRow = 2, kMapNumOut = 3, kMapCounts = 4 };
+struct ConvMapBuffers {
+  int64_t* in_keys;  // [n]: the inputs' packed keys; INT64_MAX for a row outside the grid
+  int64_t* hkeys;    // [cap], cap = hash_capacity(the most distinct outputs)
+  unsigned long long* hvisit;  // [cap]: the smallest visit reaching the slot's output
+  int64_t cap;
+  int64_t* slot;     // [n * kvol] by visit: the output's slot, or -1
+  int64_t* flags;    // [2 * n * kvol]: first visits of outputs by visit, then hits [kvol, n] by input row
+  int64_t* status;   // [kMapCounts + kvol]
+  int64_t* offsets;  // [kvol + 1]: pair_offsets
+};
+// 1) Input keys, the hash table cleared, status and offsets zeroed (no bad row).
+int conv_map_init(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t batch_size,
+                  const ConvMapBuffers& b, void* stream);
+// 2) sorted_keys / order: in_keys stably sorted and their rows. Every visit's output key goes into the table
+// (atomic min of the visit); slots, pair counts, distinct outputs, bad rows, duplicates and a full table in status.
+int conv_map_insert(const int32_t* indices, const int64_t* sorted_keys, const int64_t* order, int64_t n,
+                    const ConvGeometry& g, bool transpose, const ConvMapBuffers& b, void* stream);
+// 3) flags; offsets from the counts.
+int conv_map_flags(const int64_t* order, int64_t n, int64_t kvol, const ConvMapBuffers& b, void* stream);
+// 4) scan = inclusive prefix sum of flags: output ids in first-seen order (scan[first visit] - 1) and pair
+// positions (offsets ascending, input rows ascending within an offset). Writes table [n, kvol] (output id or -1),
+// pair_in / pair_out and out_indices [num_out, ndim + 1] (decoded with out_shape).
+int conv_map_write(const int64_t* order, const int64_t* scan, int64_t n, const ConvGeometry& g, int64_t num_out,
+                   const ConvMapBuffers& b, int32_t* table, int32_t* pair_in, int32_t* pair_out,
+                   int32_t* out_indices, void* stream);
 
 // ---- submanifold kernel maps (subm_map.cu): three kernels, no host read ----
 // status entries (int32): the smallest row whose batch index or coordinates lie outside the grid, the smallest

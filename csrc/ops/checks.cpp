@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 
 namespace spconv {
@@ -139,9 +140,16 @@ void check_pair_layout_host(const int64_t* offsets, int64_t kvol, int64_t npairs
 
 at::Tensor make_map_info(const at::Tensor& offsets_host, int64_t in_rows, int64_t out_rows, bool repeat_free,
                          bool mirrored) {
-  const int64_t flags = (repeat_free ? kMapRepeatFree : 0) | (mirrored ? kMapMirrored : 0);
-  at::Tensor extras = at::tensor({in_rows, out_rows, flags}, at::dtype(at::kLong));
-  return at::cat({offsets_host.to(at::kLong).reshape({-1}), extras});
+  // Filled on the host, element by element: no tensor op, so the map's record adds no launch to a GPU map build.
+  const at::Tensor offsets = offsets_host.to(at::kLong).contiguous();
+  const int64_t m = offsets.numel();
+  at::Tensor info = at::empty({m + kMapInfoExtras}, at::dtype(at::kLong));
+  int64_t* p = info.mutable_data_ptr<int64_t>();
+  std::copy(offsets.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>() + m, p);
+  p[m] = in_rows;
+  p[m + 1] = out_rows;
+  p[m + 2] = (repeat_free ? kMapRepeatFree : 0) | (mirrored ? kMapMirrored : 0);
+  return info;
 }
 
 std::optional<MapInfo> read_map_info(const std::optional<at::Tensor>& map_info, int64_t kvol, int64_t npairs) {

@@ -1,4 +1,4 @@
-// Host-side helpers shared by the GPU kernel-map builders' glue (indice_gpu.cpp, subm_map_gpu.cpp).
+// Host-side helpers of the GPU submanifold kernel map's glue (subm_map_gpu.cpp).
 #pragma once
 #include <ATen/ATen.h>
 
