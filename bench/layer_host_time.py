@@ -34,7 +34,7 @@ class Worker:
         self.err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([python, WORKER, module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.err, env=env, cwd=cwd, text=True)
-        self.file = None
+        self.file = self.version = None
 
     def run(self, **req) -> dict:
         """``{"us": [...]}`` or ``{"error": ...}``."""
@@ -45,13 +45,27 @@ class Worker:
             self.err.seek(0)
             raise RuntimeError(f"worker {self.proc.args[0]} failed:\n{self.err.read()[-3000:]}")
         answer = json.loads(line)
-        self.file = answer["file"]
+        self.file, self.version = answer["file"], answer["version"]
         return answer
 
     def close(self):
         self.proc.stdin.write("\n")
         self.proc.stdin.flush()
         self.proc.wait(timeout=60)
+
+
+def _shown_path(path, reference):
+    """A path as results show it: relative to this checkout when inside it, the interpreter's environment
+    folder (``reference``'s, the interpreter at ENV/bin/python) as $SPCONV_REFERENCE_ENV when it lies in it, else
+    its file name: no machine's folders in the results."""
+    if not path or not os.path.isabs(path):
+        return path
+    if path.startswith(ROOT + os.sep):
+        return os.path.relpath(path, ROOT)
+    env = os.path.dirname(os.path.dirname(os.path.abspath(reference)))
+    if env and path.startswith(env + os.sep):
+        return "$SPCONV_REFERENCE_ENV" + path[len(env):]
+    return os.path.basename(path)
 
 
 def main(argv=None):
@@ -93,7 +107,8 @@ def main(argv=None):
                         samples[case][lib] += answer["us"]
                         cpu[case][lib] += answer["cpu_us"]
     finally:
-        files = {lib: w.file for lib, w in libs.items()}
+        files = {lib: _shown_path(w.file, args.reference) for lib, w in libs.items()}
+        versions = {lib: w.version for lib, w in libs.items()}
         for w in libs.values():
             w.close()
     rows = []
@@ -120,11 +135,12 @@ def main(argv=None):
         ratios = [f"{r:6.2f}" if r is not None else f"{'-':>6s}" for r in (row["ratio"], row["cpu_ratio"])]
         note = "; ".join(f"{lib}: {e}" for lib, e in errors[case].items())
         print(f"{case:14s} {cells[0]} {cells[1]} {ratios[0]} {cells[2]} {cells[3]} {ratios[1]} {note}")
-    result = {"tool": "bench/layer_host_time.py", "argv": sys.argv[1:] if argv is None else argv,
+    argv = [_shown_path(a, args.reference) for a in (sys.argv[1:] if argv is None else argv)]
+    result = {"tool": "bench/layer_host_time.py", "argv": argv,
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
               "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
               "voxels": args.voxels, "channels": args.channels, "rounds": args.rounds, "calls": args.calls,
-              "warmup": args.warmup, "files": files, "cases": rows}
+              "warmup": args.warmup, "files": files, "versions": versions, "cases": rows}
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(result, fh, indent=1)

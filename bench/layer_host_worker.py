@@ -84,6 +84,7 @@ def main(module):
             lines = str(e).strip().splitlines()
             answer = {"error": f"{type(e).__name__}: {lines[-1][:200] if lines else ''}"}
         answer["file"] = getattr(sp, "__file__", "")
+        answer["version"] = getattr(importlib.import_module(module.split(".")[0]), "__version__", "?")
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
 
