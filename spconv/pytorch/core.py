@@ -1,7 +1,6 @@
 """SparseConvTensor and the kernel-map records stored in its ``indice_dict`` (spconv 2.x: ``spconv.pytorch.core``)."""
-import functools
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import torch
