@@ -123,11 +123,32 @@ def _indice_conv_backward(lib, ctx, grad):
     return dx, dw, None, None, None, None, None
 
 
+def needs_autograd(*tensors: torch.Tensor) -> bool:
+    """Whether an op call on ``tensors`` goes through its autograd formula: a gradient is wanted, or a traced graph
+    (torch.compile, torch.export) records the op. Otherwise the call may skip the formula's Python wrapper, which
+    costs a small layer more host time than the op itself (``below_autograd``)."""
+    if torch.compiler.is_compiling():
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
+
+
+below_autograd = torch._C._AutoDispatchBelowAutograd  # the op's own kernel, as the wrapper calls it without grad
+
+
 def indice_conv_native(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps,
                        num_out: int) -> torch.Tensor:
     """Native route: ``out[pair_out] += features[pair_in] @ filters[k]``; filters ``[kvol, Cin, Cout]``."""
-    return _ops.indice_conv(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out,
-                            maps.map_info)
+    if needs_autograd(features, filters):
+        return _ops.indice_conv(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out,
+                                maps.map_info)
+    with below_autograd():
+        return _ops.indice_conv(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out,
+                                maps.map_info)
 
 
 # ---- weight layout: weight [Cout, *kernel, Cin/groups] <-> filters [kvol, groups, Cin/groups, Cout/groups] ----
@@ -171,7 +192,10 @@ def weight_to_filters(weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
     call, and torch's strided copy of this permutation took twice its time on a 256 -> 256 3x3x3 weight); on the
     GPU route (and the GPU code run on the CPU in tests) a permute."""
     if weight.device.type == "cpu" and not _backend.runs_gpu_code(weight.device):
-        return torch.ops.spconv.weight_to_filters(weight, groups)
+        if needs_autograd(weight):
+            return torch.ops.spconv.weight_to_filters(weight, groups)
+        with below_autograd():
+            return torch.ops.spconv.weight_to_filters(weight, groups)
     cout, cig = weight.shape[0], weight.shape[-1]
     return weight.reshape(groups, cout // groups, -1, cig).permute(2, 0, 3, 1).contiguous()
 

@@ -1,7 +1,8 @@
 """spconv 2.x's ``spconv.pytorch.ops`` functions with their signatures and return layouts, over our ops.
 
 Code written against spconv 2.x (custom layers, export scripts) calls these directly; ``ops.py`` re-exports
-them. Each runs the native op wrappers (``_native``) on the native route (``_route``'s rounds and pool routes). Kernel maps come in spconv's two layouts:
+them. Each runs the native op wrappers (``_native``) on the native route (``_route``'s rounds and pool routes).
+Kernel maps come in spconv's two layouts:
 
 * native: ``indice_pairs`` int32 ``[2, kvol, num_in]`` (row 0 inputs, row 1 outputs, the first
   ``indice_pair_num[k]`` entries of offset ``k`` valid) and ``indice_pair_num`` int32 ``[kvol]``;

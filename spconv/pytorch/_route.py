@@ -80,7 +80,10 @@ def conv1x1(features: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
         return torch.mm(features, matrix)
     n = features.shape[0]
     ident, offsets, info = identity_map(n, features.device)
-    return _ops.indice_conv(features, matrix.unsqueeze(0), ident, ident, offsets, n, info)
+    if _native.needs_autograd(features, matrix):
+        return _ops.indice_conv(features, matrix.unsqueeze(0), ident, ident, offsets, n, info)
+    with _native.below_autograd():
+        return _ops.indice_conv(features, matrix.unsqueeze(0), ident, ident, offsets, n, info)
 
 
 def fused_conv_unchecked(features: torch.Tensor, filters: torch.Tensor, maps, num_splits: int = 0) -> torch.Tensor:

@@ -17,7 +17,12 @@ def as_size(v) -> Size:
 def check_equal(actual: Size, expected: Size, what: str) -> None:
     """ValueError naming both sizes when they differ; while tracing, a runtime assertion (message ``what``,
     which must not depend on the sizes) when it can't be decided."""
-    if guard_or_false(actual != expected):  # plain ints: just !=
+    if type(actual) is int and type(expected) is int and not torch.compiler.is_compiling():
+        # eager mode: nothing to record (Dynamo reports a traced SymInt's type as int, hence the last test)
+        if actual != expected:
+            raise ValueError(f"{what}: expected {expected}, got {actual}")
+        return
+    if guard_or_false(actual != expected):
         raise ValueError(f"{what}: expected {expected}, got {actual}")
     if torch.compiler.is_dynamo_compiling():
         torch._check(actual == expected)  # Dynamo before torch 2.13 can't trace a message that is a closure

@@ -311,7 +311,7 @@ class SparseConvolution(SparseConvolutionBase, SparseConvForward, SparseModule):
 
     def get_max_num_voxels(self) -> Optional[torch.Tensor]:
         """The largest output voxel count seen (record_voxel_count=True), else None."""
-        return getattr(self, _MAX_NUM_VOXELS_DURING_TRAINING, None)
+        return self._buffers.get(_MAX_NUM_VOXELS_DURING_TRAINING)
 
     def reset_parameters(self):
         # kaiming_uniform_(a=sqrt(5)) on the KRSC layout: bound = 1 / sqrt(fan_in), fan_in = Cin * kvol.

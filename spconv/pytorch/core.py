@@ -1,11 +1,11 @@
 """SparseConvTensor and the kernel-map records stored in its ``indice_dict`` (spconv 2.x: ``spconv.pytorch.core``)."""
-import functools
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import torch
 import torch.fx
+import torch.fx._symbolic_trace as _fx_trace
 
 from spconv.core import ConvAlgo
 from spconv.pytorch._qview import as_qint8, int_view
@@ -124,6 +124,8 @@ class _TraceableMeta(type):
     (torch.fx.ProxyableClassMeta's behaviour, without its query of the tracing state on every construction)."""
 
     def __call__(cls, *args, **kwargs):
+        if not getattr(_fx_trace, "_is_fx_tracing_flag", True):  # no symbolic trace running: no proxy to find
+            return super().__call__(*args, **kwargs)
         found = []
         torch.fx.node.map_aggregate((args, kwargs),
                                     lambda a: found.append(a) if isinstance(a, torch.fx.Proxy) else None)
@@ -173,12 +175,25 @@ class SparseConvTensor(metaclass=_TraceableMeta):
         self.force_algo = force_algo
         self.int8_scale = None
 
+    _consistent = None  # what check_consistent last passed (see there); not pickled
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_consistent", None)
+        return state
+
     def check_consistent(self, who: str) -> None:
         """ValueError (TypeError for a dtype) naming ``who`` unless features and indices can be consumed together:
         a 2-D features tensor, int32 ``indices [N, 1 + ndim]`` with as many rows, on the same device, and
         ``spatial_shape`` of ndim entries. Layers, ``dense()`` and the ops call it on their input, so that the
-        tensor may be edited in place or rebuilt piecewise between two layers, as spconv 2.x allows."""
+        tensor may be edited in place or rebuilt piecewise between two layers, as spconv 2.x allows. A tensor that
+        passed keeps the features, indices and shape it passed with (``_consistent``): while those are the same
+        objects, with the same sizes, it passes again without the checks."""
         features, indices = self._features, self.indices
+        seen = self._consistent
+        if seen is not None and not torch.compiler.is_compiling() and seen[0] is features and seen[1] is indices \
+                and seen[2] is self.spatial_shape and seen[3] == self._sizes():
+            return
         if not isinstance(features, torch.Tensor) or features.dim() != 2:
             raise ValueError(f"{who}: features must be a 2-D tensor [N, C], got "
                              f"{tuple(features.shape) if isinstance(features, torch.Tensor) else type(features)}")
@@ -194,6 +209,12 @@ class SparseConvTensor(metaclass=_TraceableMeta):
                     f"{who}: features and indices must have the same number of rows")
         if features.device != indices.device:
             raise ValueError(f"{who}: features are on {features.device} but indices on {indices.device}")
+        if not torch.compiler.is_compiling():
+            self._consistent = (features, indices, self.spatial_shape, self._sizes())
+
+    def _sizes(self):
+        f, i = self._features, self.indices
+        return f.shape, i.shape, i.dtype, f.device, i.device, len(self.spatial_shape)
 
     def __repr__(self):
         return (f"SparseConvTensor[shape={tuple(self._features.shape)}, spatial_shape={self.spatial_shape}, "

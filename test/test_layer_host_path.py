@@ -1,0 +1,89 @@
+"""The lean per-layer path: a layer that needs no gradient skips the ops' Python autograd wrappers, and a tensor's
+consistency check runs once per tensor; results, gradients and the checks of bad input stay what they are."""
+import cProfile
+import pstats
+
+import pytest
+import torch
+
+import spconv.pytorch as spconv
+
+
+def _scene(n=40, c=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.randperm(16 ** 3, generator=g)[:n]
+    idx = torch.stack([torch.zeros_like(lin), lin // 256, (lin // 16) % 16, lin % 16], 1).int()
+    return spconv.SparseConvTensor(torch.randn(n, c, generator=g), idx, [16, 16, 16], 1)
+
+
+def _layers():
+    torch.manual_seed(0)
+    return [spconv.SubMConv3d(16, 16, 3, indice_key="k"), spconv.SparseConv3d(16, 8, 3, 2, 1),
+            spconv.SubMConv3d(16, 8, 1), spconv.SubMConv3d(16, 16, 3, groups=4)]
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_no_grad_path_gives_the_same_bits(i):
+    layer = _layers()[i]
+    x = _scene()
+    with torch.no_grad():
+        a = layer(x).features
+    b = layer(x).features  # through the autograd formulas (the weight needs a gradient)
+    assert b.requires_grad and not a.requires_grad
+    assert torch.equal(a, b.detach())
+
+
+def test_gradients_flow_where_asked():
+    layer = _layers()[0]
+    x = _scene()
+    f = x.features.clone().requires_grad_(True)
+    y = layer(x.replace_feature(f))
+    y.features.sum().backward()
+    assert f.grad is not None and layer.weight.grad is not None and bool(layer.weight.grad.abs().sum() > 0)
+    layer.weight.requires_grad_(False)  # frozen weight, features still differentiable
+    f2 = x.features.clone().requires_grad_(True)
+    layer(x.replace_feature(f2)).features.sum().backward()
+    assert torch.equal(f2.grad, f.grad)
+
+
+def _called(fn):
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    return {name for (_, _, name) in pstats.Stats(prof).stats}
+
+
+def test_inference_skips_the_autograd_wrappers():
+    layer = _layers()[0]
+    x = _scene()
+    with torch.no_grad():
+        y = layer(x)
+        names = _called(lambda: layer(y))  # map cached under "k"
+    assert "autograd_impl" not in names and "forward_no_grad" not in names
+    names = _called(lambda: layer(y))  # a gradient is needed: the formulas run
+    assert "autograd_impl" in names
+
+
+def test_consistency_check_runs_again_when_the_tensor_changes():
+    layer = _layers()[0]
+    x = _scene()
+    layer(x)
+    full = x.indices
+    x.indices = full[:-1]
+    with pytest.raises(ValueError, match="same number of rows"):
+        layer(x)
+    x.indices = full.clone()
+    layer(x)
+    x.spatial_shape = [16, 16]
+    with pytest.raises(ValueError, match="spatial_shape"):
+        layer(x)
+
+
+def test_consistency_memo_is_not_pickled():
+    import pickle
+    x = _scene()
+    x.check_consistent("x")
+    y = pickle.loads(pickle.dumps(x))
+    assert "_consistent" not in y.__dict__
+    y.check_consistent("y")
