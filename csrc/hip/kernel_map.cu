@@ -115,7 +115,7 @@ __global__ void map_write_kernel(const int64_t* order, const int64_t* scan, int6
                                  int64_t num_out, ConvMapBuffers b, int32_t* table, int32_t* pair_in,
                                  int32_t* pair_out, int32_t* out_indices) {
   const int w = g.ndim + 1;
-  const int64_t kvol = g.kvol, total = n * kvol;
+  const int64_t kvol = g.kvol, total = n * kvol, npairs = b.offsets[kvol];
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = v / kvol, k = v - r * kvol, row = order[r];
     const int64_t s = b.slot[v];
@@ -123,7 +123,8 @@ __global__ void map_write_kernel(const int64_t* order, const int64_t* scan, int6
     if (s >= 0) {
       const ull first = b.hvisit[s];
       id = static_cast<int32_t>(scan[first] - 1);
-      if (first == static_cast<ull>(v)) {  // the output's first visit decodes its coordinates
+      // The buffers were sized from the counts; the bounds only matter if they disagreed with the flags.
+      if (first == static_cast<ull>(v) && id >= 0 && id < num_out) {  // the first visit decodes the coordinates
         int64_t key = b.hkeys[s];
         int32_t* out = out_indices + int64_t(id) * w;
         for (int d = g.ndim - 1; d >= 0; --d) {
@@ -133,8 +134,10 @@ __global__ void map_write_kernel(const int64_t* order, const int64_t* scan, int6
         out[0] = static_cast<int32_t>(key);
       }
       const int64_t p = scan[total + k * n + row] - 1 - num_out;
-      pair_in[p] = static_cast<int32_t>(row);
-      pair_out[p] = id;
+      if (p >= 0 && p < npairs) {
+        pair_in[p] = static_cast<int32_t>(row);
+        pair_out[p] = id;
+      }
     }
     table[row * kvol + k] = id;
   }
