@@ -15,7 +15,7 @@ import functools
 from typing import Optional
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_false
+from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
 from spconv import _backend
 from spconv.pytorch.core import map_info_input
@@ -26,8 +26,10 @@ _OUT_KEY, _IN_KEY = "pool_out_table", "pool_in_table"
 
 # ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----
 def _argmax_fake(features, nbr, nbr_t):
+    # Without a gradient the route passes nbr_t [0, kvol] (a literal 0 in a traced graph); the reversed table of a
+    # map has rows unless the map has no inputs, and then no outputs either.
     kvol = nbr.shape[1]
-    rows = 0 if features.dtype == torch.int8 or nbr_t.shape[0] == 0 else nbr.shape[0]
+    rows = 0 if features.dtype == torch.int8 or statically_known_true(nbr_t.shape[0] == 0) else nbr.shape[0]
     return features.new_empty((rows, features.shape[1]), dtype=torch.uint8 if kvol < 255 else torch.int32)
 
 
@@ -67,7 +69,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _check_reversed(ctx, nbr_t):
-    if nbr_t.shape[0] != ctx.num_in:
+    if guard_or_false(nbr_t.shape[0] != ctx.num_in):
         raise RuntimeError("the pooling forward ran without the reversed table (nbr_t with no rows: no gradient was "
                            "expected), so it has no backward")
 
