@@ -193,6 +193,46 @@ def test_pool_ops_non_contiguous_features():
     _assert_avg_equal(*_avg_both(feats, maps), torch.float32)
 
 
+# ---- the layers' route: neighbour tables, one launch each way ----
+def _table_route_both(feats, x, maximum):
+    """(y, dx) through spconv.pytorch.ops.indice_*pool_native on the GPU (map built there, with its table) and the
+    CPU pair ops on that map."""
+    shape = x.spatial_shape
+    nd = len(shape)
+    k, s, p, d = [3] * nd, [2] * nd, [1] * nd, [1] * nd
+    out_shape = sp_ops.get_conv_output_size(shape, k, s, p, d)
+    out_gpu, gmaps = sp_ops.build_kernel_map(x.indices.to(DEV), 2, shape, out_shape, k, s, p, d, False, False)
+    xs = feats.to(DEV).requires_grad_(True)
+    fn = sp_ops.indice_maxpool_native if maximum else (lambda *a: sp_ops.indice_avgpool_native(*a)[0])
+    y = fn(xs, gmaps, out_gpu.shape[0])
+    dy = _upstream(y.shape, y.dtype, 3).to(DEV)
+    y.backward(dy)
+    assert "pool_out_table" in gmaps.cache  # the table route ran
+    pin, pout, po = (t.cpu() for t in (gmaps.pair_in, gmaps.pair_out, gmaps.pair_offsets))
+    f = feats.cpu()
+    if maximum:
+        y0 = ops.indice_maxpool(f, pin, pout, po, out_gpu.shape[0])
+        dx0 = ops.indice_maxpool_backward(f, y0, dy.cpu(), pin, pout, po)
+    else:
+        y0, c0 = ops.indice_avgpool(f, pin, pout, po, out_gpu.shape[0])
+        dx0 = ops.indice_avgpool_backward(dy.cpu(), c0, pin, pout, po, f.shape[0])
+    return (y0, dx0), (y.detach().cpu(), xs.grad.cpu())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("nd", [1, 2, 3, 4])
+def test_table_route_matches_cpu_bitwise(nd, dtype):
+    x, _ = _map(nd, n=150, seed=nd + 40)
+    feats = _features(x.indices.shape[0], 7, seed=nd + 41, dtype=dtype, ties=True)
+    feats[1::4] = -feats[1::4].abs() - 0.25  # clamped windows
+    (y0, dx0), (y1, dx1) = _table_route_both(feats, x, True)
+    assert y1.dtype == dx1.dtype == dtype
+    assert torch.equal(y1, y0) and torch.equal(dx1, dx0)
+    (a0, da0), (a1, da1) = _table_route_both(feats, x, False)
+    torch.testing.assert_close(a1, a0, **_AVG_TOL[dtype])
+    torch.testing.assert_close(da1, da0, **_AVG_TOL[dtype])
+
+
 # ---- empty inputs, outputs and channels ----
 def test_pool_ops_without_pairs():
     """No pairs: max outputs 0, avg outputs 0 with count 0, and the gradients are zero."""

@@ -71,8 +71,8 @@ def test_one_host_copy_per_map_none_per_layer(hip_cpu, force_native):
     layer_ops = ({"indice_conv", "indice_conv_backward", "indice_conv_grouped", "indice_conv_grouped_backward"}
                  if force_native else
                  {"build_fused_map", "fused_conv", "fused_conv_dfilter", "grouped_conv", "grouped_conv_backward"})
-    assert layer_ops | {"indice_maxpool", "indice_maxpool_backward", "indice_avgpool",
-                        "indice_avgpool_backward"} <= ran, sorted(ran)
+    assert layer_ops | {"indice_maxpool_table", "indice_maxpool_table_backward", "indice_avgpool_table",
+                        "indice_avgpool_table_backward"} <= ran, sorted(ran)
     assert maps_built == 5  # s1, d1, p1, s3 and the avg pool's (the inverse convs reuse d1 and p1)
     assert copies == maps_built
     assert not syncing, syncing

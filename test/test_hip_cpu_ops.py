@@ -277,6 +277,149 @@ def test_pooling_empty():
     assert torch.equal(a, ac) and torch.equal(cnt, cntc)
 
 
+# ---- pooling over neighbour tables (one launch per op): the CPU route's bits on the same map ----
+def pool_tables(name, res, num_in):
+    """(nbr, nbr_t) of a GPU-built map: the builder's table and its transpose (transpose_neighbour_table)."""
+    ops = hip_ops()
+    out_idx, info, table = res[0], res[4], res[5]
+    if MAPS[name].get("subm", True):
+        return table, ops.transpose_neighbour_table(table, num_in, info)
+    return ops.transpose_neighbour_table(table, out_idx.shape[0], info), table
+
+
+def pool_features(n, channels, dtype, seed=3):
+    """Random features with ties (halves), all-negative rows, and exact +0 / -0 entries: the cases that decide
+    which input takes a max pool's gradient."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, channels, generator=g)
+    x[::3] = torch.round(x[::3] * 2) / 2
+    x[1::4] = -x[1::4].abs() - 0.25
+    x[2::9] = 0.0
+    x[5::11] = -0.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
+                         ids=["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("name", ["conv_k2s2", "conv_s2", "subm3", "conv4d", "subm5_kvol125", "subm2d_k12"])
+@pytest.mark.parametrize("channels", [3, 33])
+def test_pooling_tables_bit_exact(name, channels, dtype):
+    idx, _, res = both_maps(name)
+    out_idx, pin, pout, poff, info = res[:5]
+    n_in, n_out = idx.shape[0], out_idx.shape[0]
+    nbr, nbr_t = pool_tables(name, res, n_in)
+    x = pool_features(n_in, channels, dtype)
+    dy = torch.randn(n_out, channels, generator=torch.Generator().manual_seed(4)).to(dtype)
+    ops = hip_ops()
+    yc = cpu.indice_maxpool(x, pin, pout, poff, n_out)
+    dxc = cpu.indice_maxpool_backward(x, yc, dy, pin, pout, poff)
+    ac, cntc = cpu.indice_avgpool(x, pin, pout, poff, n_out)
+    dac = cpu.indice_avgpool_backward(dy, cntc, pin, pout, poff, n_in)
+    assert (yc == 0).any() and (dxc == 0).any()  # clamped windows and inputs without gradient exist
+    for map_info in (info, None):  # trusted host record; checked on the device
+        y, arg = ops.indice_maxpool_table(x, nbr, nbr_t, map_info)
+        assert y.dtype == dtype and torch.equal(y, yc)
+        assert arg.shape == y.shape and arg.dtype == (torch.uint8 if nbr.shape[1] < 255 else torch.int32)
+        dx = ops.indice_maxpool_table_backward(dy, arg, nbr_t, map_info)
+        assert dx.dtype == dtype and torch.equal(dx, dxc)
+        a, cnt = ops.indice_avgpool_table(x, nbr, nbr_t, map_info)
+        assert torch.equal(cnt, cntc) and a.dtype == dtype and torch.equal(a, ac)
+        da = ops.indice_avgpool_table_backward(dy, cnt, nbr_t, map_info)
+        assert da.dtype == dtype and torch.equal(da, dac)
+
+
+def test_pooling_tables_ties_take_the_first_offset():
+    """Equal inputs in a window: the gradient goes to the first offset in ascending order, never two."""
+    idx, _, res = both_maps("conv_k2s2")
+    n_in, n_out = idx.shape[0], res[0].shape[0]
+    nbr, nbr_t = pool_tables("conv_k2s2", res, n_in)
+    x = torch.full((n_in, 2), 1.5)
+    x[:, 1] = -1.0  # every window all negative: output 0, no gradient
+    dy = torch.ones(n_out, 2)
+    ops = hip_ops()
+    y, arg = ops.indice_maxpool_table(x, nbr, nbr_t)
+    assert torch.equal(y[:, 0], torch.full((n_out,), 1.5)) and torch.equal(y[:, 1], torch.zeros(n_out))
+    first = torch.where(nbr >= 0, torch.arange(nbr.shape[1]), nbr.shape[1]).min(1).values
+    assert torch.equal(arg[:, 0].long(), first) and (arg[:, 1] == 255).all()
+    dx = ops.indice_maxpool_table_backward(dy, arg, nbr_t)
+    assert dx[:, 0].sum() == n_out and torch.equal(dx[:, 1], torch.zeros(n_in))
+    winners = torch.zeros(n_in)
+    winners[nbr[torch.arange(n_out), first].long()] = 1
+    assert torch.equal(dx[:, 0], winners)
+
+
+def test_pooling_tables_nan():
+    idx, _, res = both_maps("conv_s2")
+    out_idx, pin, pout, poff, info = res[:5]
+    n_in, n_out = idx.shape[0], out_idx.shape[0]
+    nbr, nbr_t = pool_tables("conv_s2", res, n_in)
+    x = pool_features(n_in, 4, torch.float32)
+    x[::5, 1] = float("nan")
+    x[3] = float("nan")
+    dy = torch.randn(n_out, 4, generator=torch.Generator().manual_seed(2))
+    ops = hip_ops()
+    y, arg = ops.indice_maxpool_table(x, nbr, nbr_t, info)
+    yc = cpu.indice_maxpool(x, pin, pout, poff, n_out)
+    assert torch.isnan(y).any() and torch.equal(torch.isnan(y), torch.isnan(yc))
+    assert torch.equal(y.nan_to_num(), yc.nan_to_num())
+    dx = ops.indice_maxpool_table_backward(dy, arg, nbr_t, info)
+    assert torch.equal(dx, cpu.indice_maxpool_backward(x, yc, dy, pin, pout, poff))
+
+
+def test_pooling_tables_int8():
+    idx, _, res = both_maps("conv_s2")
+    out_idx, pin, pout, poff, info = res[:5]
+    nbr, nbr_t = pool_tables("conv_s2", res, idx.shape[0])
+    x = torch.randint(-128, 128, (idx.shape[0], 9), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
+    y, arg = hip_ops().indice_maxpool_table(x, nbr, nbr_t, info)
+    assert y.dtype == torch.int8 and arg.shape == (0, 9)  # inference only: no argmax
+    assert torch.equal(y, cpu.indice_maxpool(x, pin, pout, poff, out_idx.shape[0]))
+
+
+def test_pooling_tables_empty():
+    ops = hip_ops()
+    none = torch.full((3, 8), -1, dtype=torch.int32)
+    no_rows = torch.zeros(0, 8, dtype=torch.int32)
+    z = torch.zeros(0, dtype=torch.int32)
+    poff = torch.zeros(9, dtype=torch.int64)
+    x = torch.randn(0, 4)
+    y, arg = ops.indice_maxpool_table(x, none, no_rows)
+    assert torch.equal(y, cpu.indice_maxpool(x, z, z, poff, 3)) and arg.shape == (0, 4)
+    a, cnt = ops.indice_avgpool_table(x, none, no_rows)
+    ac, cntc = cpu.indice_avgpool(x, z, z, poff, 3)
+    assert torch.equal(a, ac) and torch.equal(cnt, cntc)
+    assert ops.indice_maxpool_table_backward(torch.randn(3, 4), arg, no_rows).shape == (0, 4)
+    assert ops.indice_avgpool_table_backward(torch.randn(3, 4), cnt, no_rows).shape == (0, 4)
+    # inputs feeding nothing get a zero gradient; zero channels still count
+    y, arg = ops.indice_maxpool_table(torch.randn(5, 4), none, torch.full((5, 8), -1, dtype=torch.int32))
+    assert torch.equal(y, torch.zeros(3, 4)) and (arg == 255).all()
+    dx = ops.indice_maxpool_table_backward(torch.randn(3, 4), arg, torch.full((5, 8), -1, dtype=torch.int32))
+    assert torch.equal(dx, torch.zeros(5, 4))
+    idx, _, res = both_maps("conv_s2")
+    nbr, nbr_t = pool_tables("conv_s2", res, idx.shape[0])
+    a, cnt = ops.indice_avgpool_table(torch.randn(idx.shape[0], 0), nbr, nbr_t)
+    assert a.shape == (nbr.shape[0], 0) and torch.equal(cnt, (nbr >= 0).sum(1).int())
+
+
+def test_pooling_transpose_table():
+    idx, c_res, res = both_maps("conv_s2")
+    out_idx, pin, pout, poff, info, table = res
+    n_in, n_out = idx.shape[0], out_idx.shape[0]
+    ops = hip_ops()
+    nbr = ops.transpose_neighbour_table(table, n_out, info)
+    assert torch.equal(nbr, cpu.build_fused_map(pin, pout, poff, n_out, 1)[0])  # the table by output of the pairs
+    assert torch.equal(ops.transpose_neighbour_table(nbr, n_in), table)  # checked on the device, same result
+    bad = table.clone()
+    bad[0, 0] = n_out
+    with pytest.raises(ValueError, match="outside"):
+        ops.transpose_neighbour_table(bad, n_out)
+    twice = torch.tensor([[0, -1], [0, 1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="twice"):
+        ops.transpose_neighbour_table(twice, 2)
+    with pytest.raises(ValueError, match="map_info"):
+        ops.transpose_neighbour_table(table, n_out - 1, info)
+
+
 # ---- voxelization: bit-exact ----
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("empty_mean", [False, True])

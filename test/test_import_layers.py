@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "spconv"
 
 GROUND = {"_symsize", "_maps", "_activation", "_qview", "pair_rounds"}
-WRAPPERS = {"_native", "_fused", "_grouped", "_int8"}
+WRAPPERS = {"_native", "_fused", "_grouped", "_int8", "_pool_table"}
 ROUTE = {"_route"}
 FACES = {"ops", "functional", "core", "conv", "pool", "modules"}
 

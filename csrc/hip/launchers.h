@@ -186,6 +186,37 @@ int avgpool_backward(DType t, const void* dy, const int32_t* count, int64_t c, c
 int maxpool_forward_int8(const int8_t* x, int64_t c, const int32_t* pair_in, const int32_t* pair_out,
                          const int64_t* offsets, int64_t kvol, int8_t* out, void* stream);
 
+// ---- pooling over neighbour tables (csrc/hip/pool.cu): one launch per op, no zeroed buffers ----
+// nbr [num_out, kvol] int32: the input feeding output o through offset k (-1: none); nbr_t [num_in, kvol]: the
+// output input i feeds through offset k (-1: none). No row may repeat within one offset (one entry per cell).
+// Each output (forward) or input (backward) row walks its kvol offsets in ascending order, the CPU route's order,
+// so the results are its bits; every element of every output buffer is written.
+// argmax [num_out, c] records, per (output, channel), the offset whose input takes the gradient: uint8 with
+// 255 = none (argmax_bytes 1, kvol < 255) or int32 with -1 = none (argmax_bytes 4); null (0 bytes): not recorded.
+// out [num_out, c] of dtype t = max(0, window max) (a NaN input propagates and sticks; the gradient goes to the
+// first input equal to the output, for a NaN output the first NaN input).
+int maxpool_table_forward(DType t, const void* x, int64_t c, const int32_t* nbr, int64_t num_out, int64_t kvol,
+                          void* out, void* argmax, int argmax_bytes, void* stream);
+int maxpool_table_forward_int8(const int8_t* x, int64_t c, const int32_t* nbr, int64_t num_out, int64_t kvol,
+                               int8_t* out, void* stream);
+// dy [num_out, c], dx [num_in, c] of dtype t: dx[i] = sum over offsets k (ascending) of dy[nbr_t[i, k]] where
+// argmax says k, in FP32 (FP64 for double), rounded once.
+int maxpool_table_backward(DType t, const void* dy, const void* argmax, int argmax_bytes, int64_t c,
+                           const int32_t* nbr_t, int64_t num_in, int64_t kvol, void* dx, void* stream);
+// out [num_out, c] of dtype t: the window sum in offset order times 1 / count; count [num_out] int32 (written
+// also for c == 0).
+int avgpool_table_forward(DType t, const void* x, int64_t c, const int32_t* nbr, int64_t num_out, int64_t kvol,
+                          void* out, int32_t* count, void* stream);
+// dx [num_in, c] of dtype t: dx[i] = sum over offsets k (ascending) of dy[o] * (1 / count[o]), o = nbr_t[i, k],
+// the product and the sum each rounded. count must be >= 1 for every output nbr_t names.
+int avgpool_table_backward(DType t, const void* dy, const int32_t* count, int64_t c, const int32_t* nbr_t,
+                           int64_t num_in, int64_t kvol, void* dx, void* stream);
+// out [num_rows, kvol], -1 on entry: out[table[r, k], k] = r for every entry of table [rows, kvol] in
+// [0, num_rows). With flags (int32 [2], 0 on entry): flags[0] = 1 for an entry outside [-1, num_rows) (skipped),
+// flags[1] = 1 when two rows name one cell (the first write stays). Without, entries are trusted unique.
+int transpose_neighbour_table(const int32_t* table, int64_t rows, int64_t kvol, int64_t num_rows, int32_t* out,
+                              int32_t* flags, void* stream);
+
 // ---- int8 inference (csrc/hip/quantized_conv.cu; section owner: quantization) ----
 // y [n_out, cout] int8 = the schema's epilogue of acc[r, c] = sum over the columns j < T of nbr [n_out, T] with
 // 0 <= nbr[r, j] < n_in of dot(x[nbr[r, j]], w[j % kvol][:, c]) (exact int32). Operands packed as int32 words of

@@ -89,6 +89,29 @@ SPCONV_SCHEMA(m) {
   m.def(
       "indice_avgpool_backward(Tensor out_grad, Tensor count, Tensor pair_in, Tensor pair_out, "
       "Tensor pair_offsets, SymInt num_in, Tensor? map_info=None) -> Tensor");
+  // Over the kernel map's neighbour tables (GPU glue only): nbr [num_out, kvol] int32, the input feeding output o
+  // through offset k (-1: none), and nbr_t [num_in, kvol], the output input i feeds (the reversed table), which
+  // only the backward reads: pass [0, kvol] when no gradient is needed. Same results as the ops above, bit for
+  // bit: each output (forward) or input (backward) row walks its offsets in ascending order, one launch per op.
+  // argmax [num_out, C] (uint8 for kvol < 255 with 255 = none, else int32 with -1 = none; [0, C] without nbr_t
+  // rows or for int8 features) holds the offset whose input takes each gradient. map_info (get_indice_pairs') of
+  // the map the tables come from bounds their entries on the host (and makes count trusted to be
+  // indice_avgpool_table's); without it the ops check the entries with one device->host copy.
+  m.def(
+      "indice_maxpool_table(Tensor features, Tensor nbr, Tensor nbr_t, Tensor? map_info=None) "
+      "-> (Tensor out, Tensor argmax)");
+  m.def(
+      "indice_maxpool_table_backward(Tensor out_grad, Tensor argmax, Tensor nbr_t, Tensor? map_info=None) "
+      "-> Tensor");
+  m.def(
+      "indice_avgpool_table(Tensor features, Tensor nbr, Tensor nbr_t, Tensor? map_info=None) "
+      "-> (Tensor out, Tensor count)");
+  m.def(
+      "indice_avgpool_table_backward(Tensor out_grad, Tensor count, Tensor nbr_t, Tensor? map_info=None) -> Tensor");
+  // The other direction of a neighbour table [rows, kvol]: out [num_rows, kvol] with out[table[r, k], k] = r
+  // (-1: none); raises for an entry outside [-1, num_rows) or two rows naming one cell (unless map_info, of the
+  // map the table belongs to, says the map repeats no row within an offset).
+  m.def("transpose_neighbour_table(Tensor table, SymInt num_rows, Tensor? map_info=None) -> Tensor");
   // ---- end pooling ----
 
   // ---- fused route (section owner: gpu) ----

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from spconv import _backend, constants
-from spconv.pytorch import _fused, _grouped, _int8, _native, pair_rounds
+from spconv.pytorch import _fused, _grouped, _int8, _native, _pool_table, pair_rounds
 from spconv.pytorch._maps import PairMaps, identity_map
 from spconv.pytorch._qview import as_qint8, int_view
 
@@ -175,8 +175,10 @@ def pool_route(features: torch.Tensor, maps: PairMaps):
     """(op library, map) for pooling ``features``: the selected library with the map on the features' device,
     or the CPU route with the map on the CPU when the GPU kernels can't take the map.
 
-    The GPU pooling kernels update each output once per offset; a map repeating an output at one offset
-    (duplicate coordinates) pools on the CPU instead (slow, but exact and rare). Autograd follows the copies.
+    The GPU pooling kernels take one input per (output, offset) (neighbour tables, or one launch per offset over
+    the pairs); a map repeating an output at one offset (duplicate coordinates) pools on the CPU instead (slow,
+    but exact and rare). Autograd follows the copies. The layers' pools on the GPU then take the table ops
+    (spconv.pytorch._pool_table).
     """
     maps = maps.to(features.device)
     if _backend.runs_gpu_code(features.device) and pair_rounds.has_repeats(maps):
@@ -187,6 +189,8 @@ def pool_route(features: torch.Tensor, maps: PairMaps):
 def indice_maxpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
     """``max(0, max of the window's active inputs)`` per output (spconv's max-pool semantics)."""
     lib, m = pool_route(features, maps)
+    if lib is _ops and _pool_table.eligible(features, m, num_out, maximum=True):
+        return _pool_table.maxpool(features, m)  # GPU: one launch over the map's neighbour tables
     x = features.to(m.pair_in.device)
     return lib.indice_maxpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out, m.map_info).to(features.device)
 
@@ -194,6 +198,8 @@ def indice_maxpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) 
 def indice_avgpool_native(features: torch.Tensor, maps: PairMaps, num_out: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Mean over the window's active inputs per output, and the int32 count of those inputs."""
     lib, m = pool_route(features, maps)
+    if lib is _ops and _pool_table.eligible(features, m, num_out, maximum=False):
+        return _pool_table.avgpool(features, m)
     x = features.to(m.pair_in.device)
     out, count = lib.indice_avgpool(x, m.pair_in, m.pair_out, m.pair_offsets, num_out, m.map_info)
     return out.to(features.device), count.to(features.device)
