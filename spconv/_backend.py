@@ -46,6 +46,14 @@ class _OpLibrary:
 
 
 ops = _OpLibrary("spconv")
+# The diagnostics (counters, budgets, benchmark loops: csrc/ops/debug_schema.cpp), apart from the user's operators.
+debug_ops = _OpLibrary("spconv_debug")
+
+
+def debug_library(lib):
+    """The diagnostics' op library beside ``lib`` (a ``torch.ops.<namespace>``, or a namespace name):
+    ``torch.ops.<namespace>_debug`` (host_copy_count, and the HIP CPU build's debug_launch_ledger)."""
+    return getattr(torch.ops, (lib if isinstance(lib, str) else lib.name) + "_debug")
 _gpu_code_on_cpu = False  # CPU tensors take the GPU route (through the HIP CPU build in ``ops``)
 _library_hooks = []
 _libraries = ["spconv"]  # every op library selected so far

@@ -10,14 +10,14 @@ from typing import Dict
 
 import torch
 
-from spconv import _backend  # noqa: F401  (loads the op library)
+from spconv import _backend
 
 _FIELDS = ("cached_bytes", "cached_blocks", "hits", "misses", "capacity_bytes")
 
 
 def info() -> Dict[str, int]:
     """Freed memory held now (bytes, blocks), the outputs it served and missed, and its capacity in bytes."""
-    return dict(zip(_FIELDS, torch.ops.spconv.cpu_output_cache_info()))
+    return dict(zip(_FIELDS, _backend.debug_ops.cpu_output_cache_info()))
 
 
 def clear() -> None:

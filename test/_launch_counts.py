@@ -9,6 +9,8 @@ the tests of launch budgets and by tools/map_build_counts.py.
 """
 import torch
 
+from spconv._backend import debug_library
+
 # ATen ops with no device work of their own (allocation, views, metadata); a wrapper listed here still counts
 # when one of its children does work (aten::to -> aten::copy_).
 NO_WORK = {
@@ -35,12 +37,13 @@ def _has_work(ev) -> bool:
 def count(lib, fn):
     """Counts of one call of fn() (see the module docstring)."""
     ns = lib.name
-    k0 = lib.debug_launch_ledger()[0]
-    h0 = lib.host_copy_count()
+    debug = debug_library(lib)
+    k0 = debug.debug_launch_ledger()[0]
+    h0 = debug.host_copy_count()
     with torch.profiler.profile() as prof:
         fn()
-    copies = lib.host_copy_count() - h0
-    kernels = lib.debug_launch_ledger()[0] - k0
+    copies = debug.host_copy_count() - h0
+    kernels = debug.debug_launch_ledger()[0] - k0
     events = prof.events()
     project = [e for e in events if e.name.startswith(ns + "::")]
     aten_top = [e for e in events if e.name.startswith("aten::") and

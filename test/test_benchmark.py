@@ -174,11 +174,11 @@ def test_fma_peak_loop_counts_its_flops_and_checks_its_arguments():
     threads = torch.get_num_threads()
     for dtype, per_vector in ((torch.float32, lanes), (torch.float64, max(lanes // 2, 1))):
         # 12 chains of one vector each, 2 FLOPs per lane and step, on every intra-op thread
-        assert torch.ops.spconv.cpu_fma_peak_loop(1000, dtype) == threads * 1000 * 2 * 12 * per_vector
+        assert torch.ops.spconv_debug.cpu_fma_peak_loop(1000, dtype) == threads * 1000 * 2 * 12 * per_vector
     with pytest.raises(ValueError, match="iters"):
-        torch.ops.spconv.cpu_fma_peak_loop(0, torch.float32)
+        torch.ops.spconv_debug.cpu_fma_peak_loop(0, torch.float32)
     with pytest.raises(ValueError, match="dtype"):
-        torch.ops.spconv.cpu_fma_peak_loop(10, torch.int32)
+        torch.ops.spconv_debug.cpu_fma_peak_loop(10, torch.int32)
     assert baseline.fma_loop_gflops(torch.float32, Plan(0, 1), threads=1) > 0
     assert torch.get_num_threads() == threads  # restored
 

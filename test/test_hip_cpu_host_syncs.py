@@ -44,14 +44,14 @@ class Net(nn.Module):
 
 
 def counted_run(hip_cpu, net, x):
-    before = hip_cpu.host_copy_count()
+    before = _backend.debug_library(hip_cpu).host_copy_count()
     with torch.profiler.profile() as prof:
         feats = x.features.clone().requires_grad_(True)
         out = net(spconv.SparseConvTensor(feats, x.indices, x.spatial_shape, x.batch_size))
         out.features.square().sum().backward()
     names = [e.name for e in prof.events()]
     maps_built = names.count(hip_cpu.name + "::get_indice_pairs") + names.count(hip_cpu.name + "::subm_kernel_map")
-    return hip_cpu.host_copy_count() - before, maps_built, sorted(n for n in names if n in SYNCING_OPS), names
+    return _backend.debug_library(hip_cpu).host_copy_count() - before, maps_built, sorted(n for n in names if n in SYNCING_OPS), names
 
 
 @pytest.mark.parametrize("force_native", [False, True], ids=["fused", "native"])
@@ -93,12 +93,12 @@ def test_ops_without_map_info_check_on_the_device(hip_cpu):
     args = (idx, 1, SHAPE, SHAPE, [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False)
     _, pin, pout, poff, info, _ = hip_cpu.get_indice_pairs(*args)
     x, w = torch.randn(idx.shape[0], 4), torch.randn(27, 4, 5)
-    before = hip_cpu.host_copy_count()
+    before = _backend.debug_library(hip_cpu).host_copy_count()
     ref = hip_cpu.indice_conv(x, w, pin, pout, poff, idx.shape[0])
-    assert hip_cpu.host_copy_count() - before == 1
-    before = hip_cpu.host_copy_count()
+    assert _backend.debug_library(hip_cpu).host_copy_count() - before == 1
+    before = _backend.debug_library(hip_cpu).host_copy_count()
     assert torch.equal(hip_cpu.indice_conv(x, w, pin, pout, poff, idx.shape[0], info), ref)
-    assert hip_cpu.host_copy_count() == before
+    assert _backend.debug_library(hip_cpu).host_copy_count() == before
     with pytest.raises(ValueError, match="map_info says"):
         hip_cpu.indice_conv(x[:-1], w, pin, pout, poff, idx.shape[0], info)
     with pytest.raises(ValueError, match="map_info must be"):

@@ -6,6 +6,7 @@ every GPU thread is a fiber here."""
 import pytest
 import torch
 
+from spconv import _backend
 from conftest import hip_cpu_library
 from _int8_reference import int8_conv_reference, random_table
 from test_gpu_map_order import coords
@@ -118,15 +119,15 @@ def test_map_info_no_host_copy(hip_cpu):
     g = _gen(6)
     x, w = _int8((idx.shape[0], 12), g), _int8((27, 12, 10), g)
     scale, bias = torch.full((10,), 3e-4), torch.zeros(10)
-    before = hip_cpu.host_copy_count()
+    before = _backend.debug_library(hip_cpu).host_copy_count()
     with torch.profiler.profile() as prof:
         got = hip_cpu.quantized_conv(x, w, table, scale, bias, None, 1.0, 1, 0.0, info)
-    assert hip_cpu.host_copy_count() == before
+    assert _backend.debug_library(hip_cpu).host_copy_count() == before
     syncing = sorted({e.name for e in prof.events()} & SYNCING_OPS)
     assert not syncing, syncing  # nothing that would wait for a GPU
     _check(hip_cpu, x, w, table, scale, bias, None, act=1, info=info)
     assert torch.equal(hip_cpu.quantized_conv(x, w, table, scale, bias, None, 1.0, 1, 0.0), got)
-    assert hip_cpu.host_copy_count() == before + 1  # without map_info: the table's extremes
+    assert _backend.debug_library(hip_cpu).host_copy_count() == before + 1  # without map_info: the table's extremes
     with pytest.raises(ValueError, match="map_info says"):
         hip_cpu.quantized_conv(x[:-1], w, table, scale, bias, None, 1.0, 1, 0.0, info)
 
@@ -177,9 +178,9 @@ def test_int8_maxpool_matches_cpu_float(hip_cpu, subm):
     x[:, 0] = -5  # a channel whose windows are all negative: the outputs start at 0
     n_out = out_idx.shape[0]
     want = cpu.indice_maxpool(x.float(), pin, pout, poff, n_out)
-    before = hip_cpu.host_copy_count()
+    before = _backend.debug_library(hip_cpu).host_copy_count()
     got = hip_cpu.indice_maxpool(x, pin, pout, poff, n_out, info)
-    assert hip_cpu.host_copy_count() == before
+    assert _backend.debug_library(hip_cpu).host_copy_count() == before
     assert got.dtype == torch.int8 and torch.equal(got.float(), want)
     assert torch.equal(got[:, 0], torch.zeros(n_out, dtype=torch.int8))
     assert torch.equal(hip_cpu.indice_maxpool(x, pin, pout, poff, n_out), got)  # checked on the device

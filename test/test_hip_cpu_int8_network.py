@@ -14,11 +14,11 @@ pytestmark = pytest.mark.hip_cpu
 def _run_both(hip_cpu, converted, inputs, native=False):
     with torch.no_grad():
         cpu = converted(*inputs)
-        before = hip_cpu.host_copy_count()
+        before = _backend.debug_library(hip_cpu).host_copy_count()
         with _backend.gpu_code_on_cpu(hip_cpu.name), forced_native(native):
             with torch.profiler.profile() as prof:
                 gpu = converted(*inputs)
-        copies = hip_cpu.host_copy_count() - before
+        copies = _backend.debug_library(hip_cpu).host_copy_count() - before
     names = [e.name for e in prof.events()]
     return cpu, gpu, copies, names
 

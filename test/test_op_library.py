@@ -64,3 +64,26 @@ def test_a_statically_linked_libstdcxx_stays_inside(tmp_path):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split()[0].isdigit(), run.stdout
+
+
+# Operators that only tests, benchmarks and tools call: csrc/ops/debug_schema.cpp registers them into
+# spconv_debug (the HIP CPU build's variants: <namespace>_debug, with its launch ledger), apart from the user's
+# spconv schema (csrc/ops/schema.cpp) that C++ deployments link against.
+DIAGNOSTICS = {"host_copy_count", "cpu_output_cache_info", "cpu_fma_peak_loop", "cpu_parallel_region_info",
+               "cpu_parallel_region_set_budget"}
+
+
+def _ops_of(namespace):
+    import torch
+
+    prefix = namespace + "::"
+    return {n[len(prefix):] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix)}
+
+
+def test_public_schema_holds_no_diagnostic():
+    public, debug = _ops_of("spconv"), _ops_of("spconv_debug")
+    assert {"indice_conv", "get_indice_pairs", "build_info", "cpu_output_cache_clear"} <= public
+    assert debug == DIAGNOSTICS
+    looks_diagnostic = [n for n in public if n.startswith("debug_") or n.endswith(("_count", "_loop"))
+                        or any(w in n for w in ("budget", "ledger", "stall", "peak", "parallel_region", "cache_info"))]
+    assert not looks_diagnostic, looks_diagnostic

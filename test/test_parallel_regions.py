@@ -18,11 +18,11 @@ REGIONS, WAITED, STARTED_ALONE, FINISHED_ALONE, BUDGET_NS = range(5)
 
 
 def _info():
-    return torch.ops.spconv.cpu_parallel_region_info()
+    return torch.ops.spconv_debug.cpu_parallel_region_info()
 
 
 def _set_budget(ns):
-    torch.ops.spconv.cpu_parallel_region_set_budget(ns)
+    torch.ops.spconv_debug.cpu_parallel_region_set_budget(ns)
 
 
 def _run(net, x, budget_ns):
@@ -165,8 +165,8 @@ def test_set_budget_rejects_negative():
 
 def _budget_in_process_with(value):
     code = ("import torch, spconv.pytorch\n"
-            "torch.ops.spconv.cpu_parallel_region_set_budget(5_000_000)\n"
-            "print(torch.ops.spconv.cpu_parallel_region_info()[4])\n")
+            "torch.ops.spconv_debug.cpu_parallel_region_set_budget(5_000_000)\n"
+            "print(torch.ops.spconv_debug.cpu_parallel_region_info()[4])\n")
     env = dict(os.environ, SPCONV_CPU_SERIAL_START=value)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 

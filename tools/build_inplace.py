@@ -1,9 +1,8 @@
 """Builds spconv._C_hip in place, only when something it is built from changed, and makes the tree importable.
 
-`pip install -e .` compiles everything from scratch in a temporary directory on every call (about two minutes
-here); this keeps the objects under build/ (ninja rebuilds what changed) and a stamp of what the extension was
-built from (sources, build scripts, compiler settings, torch and Python versions): an unchanged tree does not
-rebuild at all. The package is then installed in editable mode once, around the extension already built
+`pip install -e .` compiles everything from scratch in a temporary directory on every call; this keeps the
+objects under build/ (ninja rebuilds what changed) and a stamp of what the extension was built from (sources,
+build scripts, compiler settings, torch and Python versions): an unchanged tree does not rebuild at all. The package is then installed in editable mode once, around the extension already built
 (SPCONV_SKIP_EXTENSION=1), so `import spconv` works from any directory.
 
 Usage: python tools/build_inplace.py [--force]

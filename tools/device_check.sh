@@ -6,9 +6,8 @@
 # a small normal case and a duplicate-coordinate case; prints a summary. Sized for one call of at most 6
 # minutes: every phase has its own time limit, cut to what is left before DEADLINE seconds (default 320,
 # leaving the unpacking of the peers and the summary inside the 6 minutes), and a
-# phase with under 15 s left is skipped (the later phases first: the CPU-only tests are CI's job). On an H200
-# (before the peers phase existed): build 50 s, tests 70 s, benchmark 40 s, memcheck about 20 s a case,
-# racecheck over 60 s a case.
+# phase with under 15 s left is skipped (the later phases first: the CPU-only tests are CI's job). What each
+# phase takes on an H200: docs/gpu.md.
 # Output: bench/results/device-check-<UTC date>-<GPU>.txt, bench/results/<date>-device-<GPU>.json (the peers
 # table), and copies under $OUT when that is set.
 #   TORCH_CUDA_ARCH_LIST (default 9.0), SPCONV_HIP_ARCHS for ROCm; SKIP_BUILD=1 reuses an existing build;
@@ -255,7 +254,7 @@ if [ -n "$SAN" ]; then
     for case in normal duplicates; do
       LEFT=$(( ${SANITIZE_UNTIL:-$DEADLINE} - $(elapsed) ))
       if [ $LEFT -lt 20 ]; then RESULT[sanitizer]="${RESULT[sanitizer]}; $tool $case skipped (no time left)"; continue; fi
-      CAP=$([ $tool = racecheck ] && echo 150 || echo 60)  # racecheck took over 60 s per case on an H200
+      CAP=$([ $tool = racecheck ] && echo 150 || echo 60)  # racecheck runs several times longer per case
       timeout $(( LEFT < CAP ? LEFT : CAP )) "$SAN" --tool $tool --error-exitcode 3 python3 tools/device_sanitize_case.py $case 2>&1 | tail -8
       rc=${PIPESTATUS[0]}
       [ "$rc" = 0 ] || RESULT[sanitizer]="${RESULT[sanitizer]}; $tool $case rc $rc"

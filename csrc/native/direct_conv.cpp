@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "lane_masks.h"
 #include "pairs_by_row.h"
+#include "partial_sums.h"
 #include "run_tasks.h"
 #include "simd.h"
 
@@ -84,10 +86,6 @@ void backward_rows_base(const T* x, const T* dy, const T* w, int64_t cin, int64_
 // every weight load is a whole vector; loads of dy rows and stores of y rows mask their last vector.
 
 #if SPCONV_HAVE_AVX2_PATH
-SPCONV_TARGET_AVX2 inline __m256i tail_mask(int64_t lanes) {  // the first `lanes` (0-8) lanes set
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 SPCONV_TARGET_AVX2 inline float hsum(__m256 v) {  // a fixed reduction tree: same bits every time
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -265,9 +263,7 @@ void direct_conv_backward(const at::Tensor& x, const at::Tensor& weights, const 
     });
   });
   // Block partials in order (a fixed order: the blocks don't depend on the thread count).
-  at::Tensor total = part[0].clone();
-  for (int64_t b = 1; b < n_blocks; ++b) total.add_(part[b]);
-  dw.copy_(total.narrow(2, 0, cout));
+  dw.copy_(sum_partials_in_order(part).narrow(2, 0, cout));
 }
 
 }  // namespace native

@@ -34,8 +34,8 @@ void fused_weight_grad_avx512(const double* x, int64_t ldx, int64_t cin, const d
 void fused_weight_grad_avx2(const float* x, int64_t ldx, int64_t cin, const float* dy, int64_t ldy, int64_t cout,
                             const int32_t* in, const int32_t* out, int64_t m, bool accumulate, float* dw);
 
-// AVX2 dW kernel only up to this many output channels. SubM 3^3, 10k voxels, backward, in-process A/B against
-// the vendor GEMM with MKL capped to AVX2: 16 channels 33% faster, 32 6-8%, 64 within +-3%, 128 5-9% slower.
+// AVX2 dW kernel only up to this many output channels: wider, the vendor GEMM is faster (docs/routes.md,
+// "Measured choices of the CPU kernels").
 constexpr int64_t kAvx2MaxWeightGradCout = 64;
 
 // Channels per 512-bit vector.

@@ -50,9 +50,8 @@ constexpr int kRows = 6;
 constexpr int kMaxVectors = 4;
 
 // Pairs per forward tile of NV vectors: narrower passes take more pairs, up to 24 accumulators, so that each
-// weight vector serves more rows. One core, rows gathered from 100k, 6 rows throughout -> these: 32->32 channels
-// 128 -> 137 GFLOP/s, 64->32 140 -> 150, 96->32 143 -> 148-153, 64->48 154 -> 157; one vector (16 channels)
-// gained nothing from more rows.
+// weight vector serves more rows (one vector, 16 channels, gains nothing from more rows; docs/routes.md,
+// "Measured choices of the CPU kernels").
 constexpr int forward_rows(int nv) { return nv == 2 ? 12 : nv == 3 ? 8 : kRows; }
 
 // One tile: `rows` (<= R) pairs starting at p, output channels [j0, j0 + lanes * NV).
@@ -84,9 +83,8 @@ SPCONV_TARGET_AVX512 inline void tile(const T* x, int64_t cin, const int32_t* ga
   }
 }
 
-// The first column pass requests the next tile's rows while a tile computes (SubM forward on the real scan,
-// Intel: 64 channels 15%, 128 3%; synthetic 100k 3%, 10k 0%; in the dW loop the same prefetch cost 2-7%, so it
-// has none); later passes find the rows in L1/L2.
+// The first column pass requests the next tile's rows while a tile computes (the dW loop has no such requests:
+// there they cost time); later passes find the rows in L1/L2.
 template <typename T, int NV>
 SPCONV_TARGET_AVX512 void columns(const T* x, int64_t cin, const int32_t* gather, const int32_t* scatter,
                                    int64_t m, const T* w, int64_t cout, int64_t j0, T* y) {
@@ -118,8 +116,8 @@ void gather_gemm_scatter_columns(const T* x, int64_t cin, const int32_t* gather,
 
 // dw rows [c0, c0 + R) x columns [j0, j0 + lanes * NV) += sum over pairs [0, m) of x[in[p], c] * dy[out[p], j],
 // pairs in order, continuing each element's chain from its stored value (or from zero when `fresh`). R is a
-// constant so that a pair's R broadcasts are fixed offsets from its x row (a run-time channel list took six
-// registers and reloads from the stack in every pair), and a last tile of fewer channels computes only those.
+// constant so that a pair's R broadcasts are fixed offsets from its x row (a run-time channel list would take
+// six registers and reloads from the stack in every pair), and a last tile of fewer channels computes only those.
 template <typename T, int NV, int R>
 SPCONV_TARGET_AVX512 void dw_tile(const T* x, int64_t ldx, const T* dy, int64_t ldy, int64_t cout, const int32_t* in,
                                    const int32_t* out, int64_t m, int64_t c0, int64_t j0, bool fresh, T* dw) {

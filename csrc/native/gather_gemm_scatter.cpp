@@ -2,6 +2,7 @@
 
 #include "direct_conv.h"
 #include "fused_gemm.h"
+#include "gather_rows.h"
 #include "one_thread_gemm.h"
 #include "partial_sums.h"
 #include "row_blocks.h"
@@ -47,35 +48,6 @@ bool fused_cpu_gemm_enabled() {
 // Rows per GEMM chunk: keep the gathered block in L2, whatever the thread count.
 int64_t chunk_rows(int64_t channels) { return std::clamp<int64_t>((int64_t{1} << 16) / std::max<int64_t>(channels, 1), 64, 1024); }
 
-// Rows are fetched in a data-dependent order the hardware prefetcher can't follow: prefetch a few rows ahead.
-constexpr int64_t kPrefetchRows = 8;
-
-template <typename T>
-void prefetch_row(const T* row, int64_t c, int write) {
-  for (int64_t j = 0; j < c; j += 64 / static_cast<int64_t>(sizeof(T))) {
-    if (write) __builtin_prefetch(row + j, 1);
-    else __builtin_prefetch(row + j, 0);
-  }
-}
-
-template <typename T>
-void gather_rows(const T* src, int64_t c, const int32_t* idx, int64_t m, T* buf) {
-  for (int64_t r = 0; r < m; ++r) {
-    if (r + kPrefetchRows < m) prefetch_row(src + static_cast<int64_t>(idx[r + kPrefetchRows]) * c, c, 0);
-    std::memcpy(buf + r * c, src + static_cast<int64_t>(idx[r]) * c, sizeof(T) * c);
-  }
-}
-
-template <typename T>
-void scatter_add_rows(const T* buf, int64_t c, const int32_t* idx, int64_t m, T* dst) {
-  for (int64_t r = 0; r < m; ++r) {
-    if (r + kPrefetchRows < m) prefetch_row(dst + static_cast<int64_t>(idx[r + kPrefetchRows]) * c, c, 1);
-    T* d = dst + static_cast<int64_t>(idx[r]) * c;
-    const T* s = buf + r * c;
-    for (int64_t j = 0; j < c; ++j) d[j] += s[j];
-  }
-}
-
 // True when offset k maps row p to row p for every row (the centre of a submanifold kernel).
 bool is_identity(const int32_t* gather, const int32_t* scatter, int64_t count, int64_t n_src, int64_t n_dst) {
   if (count != n_src || count != n_dst) return false;
@@ -85,9 +57,8 @@ bool is_identity(const int32_t* gather, const int32_t* scatter, int64_t count, i
 }
 
 // Rows per block of destination rows: a block's rows (with the GEMM buffers) stay in L2 across the offsets,
-// and inputs split into blocks to run in parallel: at least min_blocks, and at least 16 where they keep 512 rows
-// (SubM 3^3 64->64 on 10k voxels, 2 threads: forward 5%, backward 3% faster than 8), else 8 (smaller blocks
-// cost more than the balance gains: a stride-2 layer's 3.5k outputs).
+// and inputs split into blocks to run in parallel: at least min_blocks, and at least 16 where they keep 512 rows,
+// else 8 (smaller blocks cost more than the balance gains: a stride-2 layer's 3.5k outputs).
 int64_t cache_block_rows(int64_t n_rows, int64_t channels, int64_t elem_size, int64_t min_blocks = 0) {
   constexpr int64_t kBlockBytes = 512 * 1024, kMinBlocks = 8, kMinBlocksWide = 16, kWideBlockRows = 512;
   const int64_t many = std::max(kMinBlocksWide, min_blocks), few = std::max(kMinBlocks, min_blocks);
@@ -473,8 +444,7 @@ void gather_gemm_scatter_backward(const at::Tensor& x, const at::Tensor& weights
   const int64_t groups = std::min(kMaxGroups, kPartialBytes / partial);
   const int64_t pairs = offsets[kvol] - offsets[0];
   // With the fused kernels for both products and X, dY small enough to stay in cache, the separate passes win
-  // (SubM 3^3 N=10k, Zen 5 AVX-512: 64 channels 3%, 128 6% against the fused row blocks); larger inputs keep
-  // the row blocks' locality (N=40k, 64 channels: 9%; N=100k: 26%).
+  // against the fused row blocks; larger inputs keep the row blocks' locality.
   constexpr int64_t kFusedBackwardBytes = int64_t{16} << 20;
   // Both products have a fused kernel (dX is the forward of dY with W^T, so its channels swap).
   const bool fused_kernels = fused_cpu_gemm_enabled() &&

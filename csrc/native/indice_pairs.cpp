@@ -21,8 +21,7 @@ int64_t num_blocks(int64_t rows) { return (rows + kRowBlock - 1) / kRowBlock; }
 
 // Rows below which a map's passes stay on the calling thread while parallel regions wait on late threads (a
 // busy machine): each of a small map's five passes run in parallel is one more chance to wait for a preempted
-// worker (uncached SubM 16-channel 10k layer beside 2 CPU hogs, medians of 7 calls: 24, 16 and 24 ms with its
-// map passes parallel, 15, 14 and 14 ms with them on the caller).
+// worker.
 constexpr int64_t kBusySerialRows = 16384;
 
 // f(b) for each row block b in [0, nb), one block per task of run_tasks: on a quiet machine every block pass
@@ -178,7 +177,7 @@ void match_subm_block(const int32_t* indices, const ConvGeometry& g, const Sorte
   std::vector<int32_t> row_out(static_cast<size_t>(kvol + 1));          // one row's entries, plus junk
   for (int64_t p = p0; p < p1; ++p) {
     // The table rows are written in sorted order, scattered over the table: request them for writing a few
-    // rows ahead (SubM map of the real 125k scan: 6% faster on an AVX2 CPU).
+    // rows ahead.
     if (p + kWriteAhead < p1) {  // every cache line the row touches (rows don't start on a line)
       const auto row = reinterpret_cast<uintptr_t>(out + static_cast<int64_t>(rows[p + kWriteAhead]) * kvol);
       const uintptr_t end = row + static_cast<uintptr_t>(kvol) * sizeof(int32_t);

@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "int8_conv_common.h"
+#include "lane_masks.h"
 
 namespace spconv {
 namespace native {
@@ -49,8 +50,7 @@ struct PackedWeights {
   const uint8_t* offset(int64_t k) const { return w.get() + k * groups * cout_p * 4; }
 };
 
-// The tiles' vector (a parameter so that a 256-bit variant could be tried: on this kind of core it ran no
-// faster per MAC).
+// The tiles' vector: a parameter, so that a 256-bit variant can be tried.
 struct Zmm {
   using V = __m512i;
   static constexpr int lanes = 16;
@@ -143,7 +143,7 @@ SPCONV_TARGET_VNNI void epilogue_row(const Int8Conv& a, int64_t o, const int32_t
   const __m512 lo = _mm512_set1_ps(-128.f), hi = _mm512_set1_ps(127.f);
   int8_t* dst = a.out + o * a.cout;
   for (int64_t c = 0; c < a.cout; c += kLanes) {
-    const __mmask16 m = a.cout - c >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << (a.cout - c)) - 1);
+    const __mmask16 m = lanes16(a.cout - c);
     const __m512i acc = _mm512_sub_epi32(_mm512_load_si512(s + c), bias128);
     __m512 v = keep(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_maskz_loadu_ps(m, a.scale + c)));
     if (a.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, a.bias + c));
@@ -179,8 +179,7 @@ struct BlockLists {
 
 SPCONV_TARGET_VNNI bool block_lists(const Int8Conv& a, int64_t o0, int64_t rows, int64_t j0, int cols,
                                     const int8_t* x, int64_t stride, int32_t* corr, BlockLists& l) {
-  const __mmask16 m0 = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : 0;
+  const __mmask16 m0 = lanes16(cols), m1 = lanes16(cols - 16);
   // Entries are int32: with 2^31 inputs or more, every non-negative one is a row.
   const uint32_t rows_in = static_cast<uint32_t>(std::min<int64_t>(a.num_in, int64_t(1) << 31));
   const __m512i num_in = _mm512_set1_epi32(static_cast<int32_t>(rows_in)), none = _mm512_set1_epi32(-1);

@@ -1,5 +1,5 @@
 // Partial sums added into their destination as one set of tasks over chunks of elements: one parallel region
-// (a parallel add per partial was a region each, and on a busy machine every region's barrier waits for a
+// (a parallel add per partial would be a region each, and on a busy machine every region's barrier waits for a
 // descheduled thread). Each element still adds the partials one by one in order, as the per-partial adds did:
 // the bits don't change, whatever the thread count.
 #pragma once
@@ -39,6 +39,14 @@ inline void add_partials_in_order(const at::Tensor& parts, at::Tensor& dst) {
       };
     });
   });
+}
+
+// parts[0] + parts[1] + ... added element by element in that order, as a new tensor shaped like parts[0]; parts
+// contiguous, of one floating dtype (the fixed blocks' partials of a filter gradient).
+inline at::Tensor sum_partials_in_order(const at::Tensor& parts) {
+  at::Tensor total = parts[0].clone();
+  if (parts.size(0) > 1) add_partials_in_order(parts.narrow(0, 1, parts.size(0) - 1), total);
+  return total;
 }
 
 }  // namespace native

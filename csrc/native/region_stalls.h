@@ -6,12 +6,10 @@
 // tasks on the caller alone for up to half the last such wait S and opens the parallel region only for the
 // tasks left then (ski rental). Why half: a region of serial work W takes W alone, and in parallel about W / 2
 // when its worker comes on time, max(S, (W + S) / 2) when it comes S late; with a late worker in one region out
-// of two or three, alone wins while W is below about S / 2. Measured on 2 cores beside 2 CPU hogs, alternating
-// the policies call by call: S / 2 was as fast as S or up to 20% faster on the strided 16- and 64-channel
-// layers, within 2% on the 16-channel SubM one.
+// of two or three, alone wins while W is below about S / 2 (docs/routes.md, "CPU threads on a shared machine").
 // When the budget runs out with little work left (at the pace of the tasks run so far, less than the budget),
-// the caller finishes alone: a late worker would cost more than that. Without this, a region a little longer
-// than its budget paid both (strided 16-channel backward beside 2 hogs: 4 ms alone, then 8 ms waiting).
+// the caller finishes alone: a late worker would cost more than that, and a region a little longer than its
+// budget would pay both.
 // On a quiet machine no region waits, the budget stays 0 and every region is parallel from its start.
 // SPCONV_CPU_SERIAL_START=0 keeps every region parallel from its start. Which thread runs a task never changes
 // the bits (run_tasks.h), so neither does this.

@@ -11,10 +11,7 @@ namespace spconv {
 namespace native {
 
 // Pairs per dW chunk: about 32 KB of x and dy rows, which stay in L1 over the chunk's passes (64 channels: 64
-// pairs), 64 to 256 pairs. One AVX-512 core, 64 channels, 250k pairs in row order over 100k rows: 256 pairs 107-111
-// GFLOP/s, 64 pairs with the next chunk requested 145. With every row in L2 already: 256 pairs 116-123, 64 pairs
-// 146 without the requests and 128 with them; in the SubM backward, whose dW reads the rows its dX pass has just
-// read, the requests measured neither faster nor slower.
+// pairs), 64 to 256 pairs (docs/routes.md, "Measured choices of the CPU kernels").
 inline int64_t weight_grad_chunk(int64_t cin, int64_t cout, int64_t elem_size) {
   return std::clamp<int64_t>((int64_t{32} << 10) / ((cin + cout) * elem_size), 64, 256);
 }

@@ -129,10 +129,9 @@ void transpose_tiles(const E* s, int64_t lds, int64_t rows, int64_t cols, E* d, 
 }
 
 // Outputs of at least this many bytes are written past the cache (streaming stores). A weight's filters are
-// written 64 bytes per tile row, scattered over the whole output, and each ordinary store first reads its line.
-// 3x3x3 weights, 2 threads, 2-core AMD EPYC (Zen 1), cache evicted before each call: 160, 192, 224 and 256
-// channels 0.96, 1.30, 1.69, 2.19 -> 0.80, 1.08, 1.33, 1.93 ms; called again at once (the weight in cache),
-// 256 channels 1.9 -> 1.2 ms but 160 channels 0.3 -> 0.4: from 4 MB (224 channels) only.
+// written 64 bytes per tile row, scattered over the whole output, and each ordinary store first reads its line;
+// below 4 MB the output stays in cache for the next read and ordinary stores win (docs/routes.md, "Measured
+// choices of the CPU kernels").
 constexpr int64_t kStreamBytes = int64_t{4} << 20;
 
 // Whether run() streams: whole tiles of 4-byte elements through registers, every tile row's destination
@@ -152,7 +151,7 @@ void run(const Plan& p, const void* src, void* dst) {
   // A task takes kTile rows of one inner batch through every outer matrix: in a weight those rows run on in
   // memory from one offset to the next, so the task reads them front to back (sixteen streams the prefetcher
   // follows). Matrix by matrix, each row would be read in short bursts kvol * cig elements apart, which it
-  // doesn't follow: cold weights moved at under 2 GB/s that way.
+  // doesn't follow.
   const int64_t row_blocks = (p.rows + kTile - 1) / kTile;
   const int64_t task_bytes = std::max<int64_t>(kTile * p.cols * p.outer * static_cast<int64_t>(sizeof(E)), 1);
   const int isa = tile_isa();

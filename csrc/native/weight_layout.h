@@ -1,10 +1,9 @@
 // Weight layouts of the native route. spconv 2.x stores a conv weight as [Cout, kvol, Cin/G] (KRSC, per group);
 // the kernels take filters [kvol, G, Cin/G, Cout/G]: one row-major [cig, cog] matrix per (offset, group), and
 // the dinput pass takes each matrix transposed. These are tiled transposes over raw memory, run on every conv call
-// (torch's strided copy of the same permutation: 1.1 ms for a 256 -> 256 3x3x3 weight at 2 threads, these 0.6).
-// Elements are `elem_size` bytes (1, 2, 4 or 8): the bits are copied, so any dtype of that size works; 4-byte
-// elements move as whole 16 x 16 tiles through AVX-512 (8 x 8: AVX2) registers (3x3x3 weights on one thread:
-// 64 and 96 channels 1.7x, 256 1.3x, 128 and 192 1.1x faster than element by element, where memory bounds it). Work of
+// (faster than torch's strided copy of the same permutation). Elements are `elem_size` bytes (1, 2, 4 or 8): the
+// bits are copied, so any dtype of that size works; 4-byte elements move as whole 16 x 16 tiles through AVX-512
+// (8 x 8: AVX2) registers rather than element by element. Work of
 // at least ~512 KB runs in parallel, split by blocks of rows; the result does not depend on the thread count.
 // Outputs of 4 MB or more (224 channels and up at 3x3x3) are written with streaming stores (weight_layout.cpp).
 #pragma once

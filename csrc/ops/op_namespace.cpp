@@ -16,6 +16,7 @@ namespace spconv {
 namespace ops {
 
 const char* op_namespace() { return SPCONV_STRINGIZE(SPCONV_OP_NAMESPACE); }
+const char* debug_op_namespace() { return SPCONV_STRINGIZE(SPCONV_OP_NAMESPACE) "_debug"; }
 
 }  // namespace ops
 }  // namespace spconv

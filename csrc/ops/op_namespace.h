@@ -7,6 +7,8 @@ namespace spconv {
 namespace ops {
 
 const char* op_namespace();
+// The diagnostics' namespace: op_namespace() followed by "_debug".
+const char* debug_op_namespace();
 
 }  // namespace ops
 }  // namespace spconv

@@ -1,14 +1,10 @@
 // Op outputs of 128 KB and more on the CPU come from a small cache of freed output blocks.
 //
 // Why: torch's CPU allocator hands each large tensor fresh pages from the OS (and returns them on free), so
-// every call of a layer faults in and zeroes its whole output again: on a 64 MB output that was half of a
-// depthwise layer's time on two threads, and with transparent huge pages it varied 30-190 ms from call to call
-// (the kernel compacting memory on the fault). A layer run again (the next batch, the next iteration, the
-// backward of the same shapes) now writes into memory that is already mapped.
-//
-// Outputs of a few hundred kilobytes too: with the filters every conv call transposes its weight into (0.1-7 MB)
-// on fresh pages, a 3-voxel forward of the benchmark's network took 15 ms in 3 of 5 processes and 10 ms in the
-// others (2 threads); from cached blocks, 9.9-10.7 ms in all 5.
+// every call of a layer faults in and zeroes its whole output again, and with transparent huge pages the kernel
+// may compact memory on the fault (docs/routes.md, "CPU memory", has the figures). A layer run again (the next
+// batch, the next iteration, the backward of the same shapes) writes into memory that is already mapped.
+// Outputs of a few hundred kilobytes too: the filters every conv call transposes its weight into (0.1-7 MB).
 //
 // What it keeps: blocks of at least kMinCachedBytes, sized in 64 KB steps under 2 MB and in 2 MB steps (advised
 // for huge pages) above, up to SPCONV_CPU_OUTPUT_CACHE_MB megabytes in all (default 512; 0 turns the cache off);

@@ -1,5 +1,6 @@
-// The one schema file: every operator of the spconv namespace is declared here (op_library.h says which
-// namespace a build registers: spconv, or its own one in the HIP CPU test build).
+// The one schema file of the user's operators: every operator of the spconv namespace is declared here
+// (op_library.h says which namespace a build registers: spconv, or its own one in the HIP CPU test build); the
+// diagnostics live in debug_schema.cpp.
 // Implementations live in csrc/ops/cpu (native route) and csrc/ops/gpu (HIP/CUDA glue);
 // fake (meta) kernels for torch.compile live beside the Python wrappers in spconv/pytorch/ops.py.
 #include <torch/library.h>
@@ -8,29 +9,11 @@
 #include "checks.h"
 #include "op_library.h"
 #include "output_cache.h"
-#if !defined(SPCONV_HIP_CPU)
-#include "cpu/fma_peak_op.h"
-#include "cpu/parallel_region_op.h"
-#endif
 
 SPCONV_SCHEMA(m) {
   m.def("build_info() -> str", &spconv::build_info_json);
-  // Device->host copies this library's op glue made since it was loaded (tests of the GPU path's syncs).
-  m.def("host_copy_count() -> int", &spconv::ops::host_copy_count);
-  // The cache of large CPU op outputs (output_cache.h): [cached bytes, cached blocks, hits, misses, capacity
-  // bytes], and handing its blocks back to the OS.
-  m.def("cpu_output_cache_info() -> int[]", &spconv::ops::output_cache_info);
+  // Handing the blocks of the cache of large CPU op outputs (output_cache.h) back to the OS.
   m.def("cpu_output_cache_clear() -> ()", &spconv::ops::output_cache_clear);
-#if !defined(SPCONV_HIP_CPU)  // the HIP CPU test build holds the GPU code only
-  // The FLOPs of `iters` steps of independent FMA chains on each intra-op thread, on the widest vectors the CPU
-  // kernels use (float32 or float64 lanes): timed by the benchmark as the machine's FMA peak.
-  m.def("cpu_fma_peak_loop(int iters, ScalarType dtype) -> int", &spconv::ops::cpu_fma_peak_loop);
-  // How the native route's parallel regions ran: [regions closed, of them waited on a late thread, regions
-  // started on the caller alone (a busy machine), of them finished there, serial budget now in ns]; and setting
-  // that budget (tests of both paths; 0 forgets the waits). native/region_stalls.h says why.
-  m.def("cpu_parallel_region_info() -> int[]", &spconv::ops::cpu_parallel_region_info);
-  m.def("cpu_parallel_region_set_budget(int ns) -> ()", &spconv::ops::cpu_parallel_region_set_budget);
-#endif
 
   // ---- kernel maps ----
   // Pairs grouped by kernel offset: pair_in[p] feeds pair_out[p] through the offset k with

@@ -120,7 +120,7 @@ def fma_loop_gflops(dtype: torch.dtype, plan: Plan, threads: Optional[int] = Non
         torch.set_num_threads(threads)
     try:
         flops = []
-        stats = quiet_time_fn(lambda: flops.append(torch.ops.spconv.cpu_fma_peak_loop(FMA_LOOP_STEPS, dtype)),
+        stats = quiet_time_fn(lambda: flops.append(torch.ops.spconv_debug.cpu_fma_peak_loop(FMA_LOOP_STEPS, dtype)),
                               torch.device("cpu"), plan)
         return flops[-1] / (stats.min * 1e6)
     finally:

@@ -179,7 +179,7 @@ def note_parallel_regions(record: Record, device: torch.device) -> None:
     machine, regions that waited on a late thread and regions that then started on the caller alone."""
     if device.type != "cpu":
         return
-    closed, waited, alone, finished, _ = torch.ops.spconv.cpu_parallel_region_info()
+    closed, waited, alone, finished, _ = torch.ops.spconv_debug.cpu_parallel_region_info()
     record.meta["cpu_parallel_regions"] = {"closed": closed, "waited_on_late_thread": waited,
                                            "started_on_caller": alone, "finished_on_caller": finished}
     record.notes.append(f"native CPU parallel regions this run: {closed} closed, {waited} of them waited on a late "

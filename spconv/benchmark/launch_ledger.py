@@ -1,7 +1,7 @@
 """Counts what a piece of GPU code costs besides its kernel bodies, on the HIP CPU build (docs/hip_cpu.md):
 
 * ``launches``: the project's own kernels, exact (every launch goes through ``launch_kernel()``, counted by the
-  build's ``debug_launch_ledger`` op), plus ``aten_launches``: the ATen ops that would launch device work, from
+  build's ``debug_launch_ledger`` op, in ``torch.ops.<namespace>_debug``), plus ``aten_launches``: the ATen ops that would launch device work, from
   the profiler (the innermost ATen ops that are neither views nor allocations, and kernels such as sort or
   a reduction once, whatever their CPU implementation calls; an op that launches several kernels on a GPU,
   such as nonzero or sort, counts once, so this is a lower bound).
@@ -135,15 +135,19 @@ class Ledger:
     inside it (``with ledger.scope("map"):`` around a part, such as the kernel-map builder)."""
 
     def __init__(self, lib):
-        if not hasattr(lib, "debug_launch_ledger"):
-            raise ValueError(f"op library {lib.name} has no debug_launch_ledger: not a HIP CPU build")
+        from spconv import _backend
+
+        self.debug = _backend.debug_library(lib)
+        if not hasattr(self.debug, "debug_launch_ledger"):
+            raise ValueError(f"op library {lib.name} has no debug_launch_ledger in {self.debug.name}: not a HIP CPU "
+                             "build")
         self.lib = lib
         self.namespace = lib.name
         self._scopes: Dict[str, list] = {}
 
     def _read(self):
-        launches, body_ns = self.lib.debug_launch_ledger()
-        return launches, body_ns, self.lib.host_copy_count(), time.perf_counter_ns()
+        launches, body_ns = self.debug.debug_launch_ledger()
+        return launches, body_ns, self.debug.host_copy_count(), time.perf_counter_ns()
 
     @contextlib.contextmanager
     def scope(self, name: str):

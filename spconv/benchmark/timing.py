@@ -156,7 +156,7 @@ def forget_region_waits():
     recent waits on late threads for a few hundred ms (csrc/native/region_stalls.h), which would carry a busy
     pass into the quiet pass of the next row. A no-op where the op is absent (another implementation)."""
     try:
-        torch.ops.spconv.cpu_parallel_region_set_budget(0)
+        torch.ops.spconv_debug.cpu_parallel_region_set_budget(0)
     except (AttributeError, RuntimeError):
         pass
 

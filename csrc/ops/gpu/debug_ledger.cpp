@@ -1,4 +1,4 @@
-// Diagnostics of the HIP CPU test build, apart from the user-facing schema (schema.cpp): the launch ledger
+// A diagnostic of the HIP CPU test build, in its diagnostics' namespace (debug_schema.cpp): the launch ledger
 // (csrc/hip/launch_ledger.h), read by the benchmark's launch ledger and its tests. GPU builds register nothing.
 #if defined(SPCONV_HIP_CPU)
 #include <torch/library.h>
@@ -18,5 +18,5 @@ std::vector<int64_t> debug_launch_ledger() {
 
 }  // namespace
 
-SPCONV_SCHEMA_FRAGMENT(m) { m.def("debug_launch_ledger() -> int[]", &debug_launch_ledger); }
+SPCONV_DEBUG_SCHEMA_FRAGMENT(m) { m.def("debug_launch_ledger() -> int[]", &debug_launch_ledger); }
 #endif

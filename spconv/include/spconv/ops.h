@@ -5,7 +5,8 @@
 // model calls, and what torch::Dispatcher finds by name. Link it through CMake's
 // find_package(Spconv) (target spconv::ops), or dlopen it.
 //
-// Public: the operators and this header's one symbol. spconv_build_info() returns what the library was
+// Public: the operators (csrc/ops/schema.cpp) and this header's one symbol; the spconv_debug::* diagnostics the
+// library also registers (csrc/ops/debug_schema.cpp) are for the project's tests and tools. spconv_build_info() returns what the library was
 // built with, as JSON; calling it also keeps a linker with --as-needed from dropping the library.
 #pragma once
 
