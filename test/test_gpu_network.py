@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _backend.has_
 # network with average pools checks every gradient to TOL.
 TOL = {torch.float32: 1e-4, torch.float16: FP16_TOL, torch.bfloat16: 8 * FP16_TOL}
 FLIP_TOL = 1e-2
-ROUTE_OPS = {False: {"spconv::build_fused_map", "spconv::fused_conv", "spconv::fused_conv_dfilter"},
+ROUTE_OPS = {False: {"spconv::fused_conv", "spconv::fused_conv_backward"},
              True: {"spconv::indice_conv", "spconv::indice_conv_backward"}}
 CASES = ["basic_scan", "basic_scan_avg", "unet"]
 

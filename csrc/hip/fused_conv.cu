@@ -39,6 +39,8 @@ struct FwdArgs {
   int64_t n_out, kvol, cin, cout;
   int k0, k1, gs;        // offsets [k0, k1) of this split, offsets per mask bit
   int accumulate;        // add to y instead of overwriting it
+  int mirror;            // read column kvol - 1 - k of nbr for offset k (dinput on a mirrored map's forward
+                         // table and its masks / order; one split)
   int vec;               // 16-byte vector loads allowed (16-bit types, cin % 8 == 0, cout % 8 == 0, aligned)
   void* y;
 };
@@ -49,6 +51,19 @@ struct TileState {
   int32_t src[BM];   // input row feeding each slot through the current offset, -1 if none
   unsigned int mask;
 };
+
+// A tile's mask over offsets from its mask over columns (mirror: one split, k0 = 0, k1 = kvol): group g of
+// offsets [g gs, (g + 1) gs) is active when any group of their columns kvol - 1 - k is.
+__device__ __forceinline__ unsigned int mirrored_mask(const FwdArgs& a, unsigned int m) {
+  const int kvol = static_cast<int>(a.kvol);
+  unsigned int out = 0u;
+  for (int g = 0; g < 32 && g * a.gs < kvol; ++g) {
+    const int ka = g * a.gs, kb = ((g + 1) * a.gs < kvol ? (g + 1) * a.gs : kvol) - 1;
+    for (int h = (kvol - 1 - kb) / a.gs; h <= (kvol - 1 - ka) / a.gs; ++h)
+      if ((m >> h) & 1u) out |= 1u << g;
+  }
+  return out;
+}
 
 __device__ __forceinline__ unsigned int tile_prologue(const FwdArgs& a, TileState& st) {
   const int tid = threadIdx.x;
@@ -61,7 +76,16 @@ __device__ __forceinline__ unsigned int tile_prologue(const FwdArgs& a, TileStat
     if (row >= 0) atomicOr(&st.mask, static_cast<unsigned int>(a.masks[row]));
   }
   __syncthreads();
+  if (a.mirror) {  // the masks are by column: offset k is active when its column kvol - 1 - k's group is
+    if (tid == 0) st.mask = mirrored_mask(a, st.mask);
+    __syncthreads();
+  }
   return st.mask;
+}
+
+// The column of nbr that offset k reads.
+__device__ __forceinline__ int64_t table_column(const FwdArgs& a, int k) {
+  return a.mirror ? a.kvol - 1 - k : k;
 }
 
 __device__ __forceinline__ void load_sources(const FwdArgs& a, TileState& st, int k) {
@@ -69,7 +93,7 @@ __device__ __forceinline__ void load_sources(const FwdArgs& a, TileState& st, in
   __syncthreads();  // the previous offset's tiles are no longer read
   if (tid < BM) {
     const int32_t row = st.rows[tid];
-    st.src[tid] = row >= 0 ? a.nbr[int64_t(row) * a.kvol + k] : -1;
+    st.src[tid] = row >= 0 ? a.nbr[int64_t(row) * a.kvol + table_column(a, k)] : -1;
   }
   __syncthreads();
 }
@@ -361,26 +385,50 @@ __global__ void __launch_bounds__(kThreads) fused_forward_kernel(FwdArgs a) {
 // ---- dfilter: 64 (cin) x 64 (cout) tile of dW[k] per block, one split-K chunk of the pairs ----
 constexpr int BP = 32;  // pairs per step
 
+// Split-K chunks per offset for npairs pairs (slice = kvol * cin * cout): enough blocks to fill the device,
+// a bounded fp32 workspace (<= 32M floats). The glue (pairs mode) and the kernels (table mode) both use it.
+__host__ __device__ __forceinline__ int64_t fused_dfilter_splits(int64_t npairs, int64_t kvol, int64_t slice) {
+  const int64_t per_offset = (npairs + kvol - 1) / kvol;
+  int64_t splits = per_offset / 2048;
+  splits = splits < 1 ? 1 : splits > 64 ? 64 : splits;
+  const int64_t cap = (int64_t{32} << 20) / (slice > 0 ? slice : 1);
+  splits = splits < cap ? splits : cap;
+  return splits < 1 ? 1 : splits;
+}
+
 struct DfArgs {
   const void* x;
   const void* dy;
   const int32_t* pair_in;
   const int32_t* pair_out;
   const int64_t* pair_offsets;
+  // Table mode (table != null): the pairs of offset k are the entries >= 0 of column k of table [rows, kvol],
+  // in row order (rows_out: rows are outputs and entries inputs; else the reverse), and the split count is
+  // the glue's formula on the pair count pair_offsets[kvol] - pair_offsets[0], read on the device (<= splits).
+  const int32_t* table;
+  int64_t rows, kvol;
+  int rows_out;
   int64_t cin, cout;
   int splits, tiles_co;
   int vec;  // 16-byte loads allowed (16-bit types, cin % 8 == 0, cout % 8 == 0, aligned)
   float* ws;
 };
 
+// Table mode's staging: a scan of kThreads rows appends its pairs of the block's chunk after the `fill`
+// pending ones; each step takes the first BP.
 struct DfState {
   int32_t in[BP], out[BP];
+  int32_t bin[kThreads + BP], bout[kThreads + BP];
+  int32_t scan[kThreads];
+  int64_t base, seen;  // next row to scan; pairs of the offset before it
+  int fill, more;      // pending pairs; whether rows of the chunk are left
 };
 
-// The pair range of this block's (offset, split) and its tile origin.
+// The pair range of this block's (offset, split) and its tile origin; in table mode pb, pe count the pairs of
+// the offset (entries >= 0 of its column, in row order).
 struct DfTile {
   int64_t pb, pe, ci0, co0;
-  int k, s;
+  int k, s, splits;
 };
 
 __device__ __forceinline__ DfTile df_tile(const DfArgs& a) {
@@ -389,8 +437,16 @@ __device__ __forceinline__ DfTile df_tile(const DfArgs& a) {
   t.s = blockIdx.y;
   t.ci0 = int64_t(blockIdx.x / a.tiles_co) * BM;
   t.co0 = int64_t(blockIdx.x % a.tiles_co) * BN;
-  const int64_t begin = a.pair_offsets[t.k], count = a.pair_offsets[t.k + 1] - begin;
-  const int64_t chunk = (count + a.splits - 1) / a.splits;
+  const int64_t* po = a.pair_offsets;
+  int64_t begin = po[t.k], count = po[t.k + 1] - begin;
+  t.splits = a.splits;
+  if (a.table) {
+    const int64_t s = fused_dfilter_splits(po[a.kvol] - po[0], a.kvol, a.kvol * a.cin * a.cout);
+    t.splits = static_cast<int>(s < a.splits ? s : a.splits);
+    begin = 0;
+    if (count < 0) count = 0;
+  }
+  const int64_t chunk = (count + t.splits - 1) / t.splits;
   t.pb = begin + t.s * chunk;
   t.pe = t.pb + chunk < begin + count ? t.pb + chunk : begin + count;
   if (t.pb > t.pe) t.pb = t.pe;
@@ -408,9 +464,89 @@ __device__ __forceinline__ void df_load_pairs(const DfArgs& a, DfState& st, int6
   __syncthreads();
 }
 
+__device__ __forceinline__ void df_begin(const DfArgs& a, const DfTile& t, DfState& st) {
+  if (!a.table) return;
+  if (threadIdx.x == 0) {
+    st.base = st.seen = 0;
+    st.fill = 0;
+    st.more = t.pb < t.pe && a.rows > 0;
+  }
+  __syncthreads();
+}
+
+// Table mode: scans rows until BP pairs of the chunk are pending or the chunk ends (block-wide prefix count of
+// the column's entries >= 0, so the pairs keep row order).
+__device__ void df_fill(const DfArgs& a, const DfTile& t, DfState& st) {
+  const int tid = threadIdx.x;
+  while (st.fill < BP && st.more) {  // shared values, read after a barrier: the same in every thread
+    const int64_t row = st.base + tid;
+    const int32_t e = row < a.rows ? a.table[row * a.kvol + t.k] : -1;
+    st.scan[tid] = e >= 0 ? 1 : 0;
+    __syncthreads();
+    for (int off = 1; off < kThreads; off <<= 1) {
+      const int v = tid >= off ? st.scan[tid - off] : 0;
+      __syncthreads();
+      st.scan[tid] += v;
+      __syncthreads();
+    }
+    const int64_t seen = st.seen, lo = seen > t.pb ? seen : t.pb, total = st.scan[kThreads - 1];
+    if (e >= 0) {
+      const int64_t idx = seen + st.scan[tid] - 1;
+      if (idx >= t.pb && idx < t.pe) {
+        const int pos = st.fill + static_cast<int>(idx - lo);
+        st.bin[pos] = a.rows_out ? e : static_cast<int32_t>(row);
+        st.bout[pos] = a.rows_out ? static_cast<int32_t>(row) : e;
+      }
+    }
+    __syncthreads();
+    if (tid == 0) {
+      const int64_t hi = seen + total < t.pe ? seen + total : t.pe;
+      if (hi > lo) st.fill += static_cast<int>(hi - lo);
+      st.seen = seen + total;
+      st.base += kThreads;
+      st.more = st.base < a.rows && st.seen < t.pe;
+    }
+    __syncthreads();
+  }
+}
+
+// The next BP pairs of the block's chunk into st.in / st.out (-1 past the end); false when none is left. Called
+// by every thread of the block; p0 (the next pair, pairs mode) is the same in all.
+__device__ __forceinline__ bool df_next(const DfArgs& a, const DfTile& t, DfState& st, int64_t& p0) {
+  if (!a.table) {
+    if (p0 >= t.pe) return false;
+    df_load_pairs(a, st, p0, t.pe);
+    p0 += BP;
+    return true;
+  }
+  const int tid = threadIdx.x;
+  __syncthreads();  // the previous step's pairs are no longer read
+  df_fill(a, t, st);
+  const int fill = st.fill;
+  if (fill == 0) return false;
+  const int take = fill < BP ? fill : BP, rest = fill - take;
+  if (tid < BP) {
+    st.in[tid] = tid < take ? st.bin[tid] : -1;
+    st.out[tid] = tid < take ? st.bout[tid] : -1;
+  }
+  int32_t vi = 0, vo = 0;
+  if (tid < rest) {
+    vi = st.bin[take + tid];
+    vo = st.bout[take + tid];
+  }
+  __syncthreads();
+  if (tid < rest) {
+    st.bin[tid] = vi;
+    st.bout[tid] = vo;
+  }
+  if (tid == 0) st.fill = rest;
+  __syncthreads();
+  return true;
+}
+
 // Writes a 64x64 fp32 tile (row stride ld) to the workspace slice of (k, s).
 __device__ __forceinline__ void df_store(const DfArgs& a, const DfTile& t, const float* c, int ld) {
-  float* out = a.ws + (int64_t(t.k) * a.splits + t.s) * a.cin * a.cout;
+  float* out = a.ws + (int64_t(t.k) * t.splits + t.s) * a.cin * a.cout;
   for (int e = threadIdx.x; e < BM * BN; e += kThreads) {
     const int r = e / BN, n = e % BN;
     const int64_t ci = t.ci0 + r, co = t.co0 + n;
@@ -426,10 +562,11 @@ __device__ void dfilter_simt(const DfArgs& a) {
   const T* x = static_cast<const T*>(a.x);
   const T* dy = static_cast<const T*>(a.dy);
   const DfTile t = df_tile(a);
+  if (t.s >= t.splits) return;  // table mode: past the device's split count
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   float acc[4][4] = {};
-  for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP) {
-    df_load_pairs(a, st, p0, t.pe);
+  df_begin(a, t, st);
+  for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {
     for (int e = tid; e < BP * BM; e += kThreads) {
       const int c = e % BM, p = e / BM;
       const int32_t r = st.in[p];
@@ -443,7 +580,7 @@ __device__ void dfilter_simt(const DfArgs& a) {
     __syncthreads();
     simt_fma_tile(As, Bs, tx, ty, acc);
   }
-  float* out = a.ws + (int64_t(t.k) * a.splits + t.s) * a.cin * a.cout;
+  float* out = a.ws + (int64_t(t.k) * t.splits + t.s) * a.cin * a.cout;
   for (int i = 0; i < 4; ++i) {
     const int64_t ci = t.ci0 + ty * 4 + i;
     if (ci >= a.cin) continue;
@@ -490,12 +627,13 @@ __device__ void dfilter_wmma(const DfArgs& a) {
   __shared__ __align__(32) uint16_t Bs[BP][LD];
   __shared__ __align__(32) float Cs[BM][LDC];
   const DfTile t = df_tile(a);
+  if (t.s >= t.splits) return;  // table mode: past the device's split count
   const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
   wmma_acc acc[2];
   wmma::fill_fragment(acc[0], 0.f);
   wmma::fill_fragment(acc[1], 0.f);
-  for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP) {
-    df_load_pairs(a, st, p0, t.pe);
+  df_begin(a, t, st);
+  for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {
     df_load_16bit<LD>(a, st, t, As, Bs);
     __syncthreads();
 #pragma unroll
@@ -519,11 +657,12 @@ __device__ void dfilter_mfma(const DfArgs& a) {
   __shared__ __attribute__((aligned(16))) uint16_t Bs[BP][LD];
   __shared__ float Cs[BM][LDC];
   const DfTile t = df_tile(a);
+  if (t.s >= t.splits) return;  // table mode: past the device's split count
   const int wave = threadIdx.x / 64, lane = threadIdx.x % 64, lr = lane % 16, lq = lane / 16;
   mfma_float4 acc[4];
   for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
-  for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP) {
-    df_load_pairs(a, st, p0, t.pe);
+  df_begin(a, t, st);
+  for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {
     df_load_16bit<LD>(a, st, t, As, Bs);
     __syncthreads();
 #pragma unroll
@@ -556,6 +695,33 @@ __global__ void dfilter_reduce_kernel(const float* __restrict__ ws, int64_t kvol
   }
 }
 
+// Table mode: the split count from the pair count on the device; optionally also the transposed filters
+// wt[k][co][ci] = w[k][ci][co] (the dinput filters), so that the backward needs no separate transpose.
+template <typename T>
+__global__ void dfilter_reduce_table_kernel(const float* __restrict__ ws, const int64_t* __restrict__ pair_offsets,
+                                            int64_t kvol, int64_t cin, int64_t cout, int splits_max,
+                                            T* __restrict__ dw, const T* __restrict__ w, T* __restrict__ wt) {
+  const int64_t cc = cin * cout, total = kvol * cc;
+  int64_t splits = 1;
+  if (dw) {
+    splits = fused_dfilter_splits(pair_offsets[kvol] - pair_offsets[0], kvol, total);
+    splits = splits < splits_max ? splits : splits_max;
+  }
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t k = e / cc, rest = e - k * cc;
+    if (dw) {
+      const float* p = ws + k * splits * cc + rest;
+      float sum = 0.f;
+      for (int64_t s = 0; s < splits; ++s) sum += p[s * cc];
+      dw[e] = from_float<T>(sum);
+    }
+    if (wt) {
+      const int64_t ci = rest / cout, co = rest - ci * cout;
+      wt[k * cc + co * cin + ci] = w[e];
+    }
+  }
+}
+
 // A second pair for one (output, offset) would overwrite the first: claim the entry instead and flag the
 // repeat (whether a repeat exists does not depend on the order of the claims).
 __global__ void map_fill_kernel(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets,
@@ -570,12 +736,12 @@ __global__ void map_fill_kernel(const int32_t* pair_in, const int32_t* pair_out,
       else
         hi = mid;
     }
-    if (atomicCAS(nbr + int64_t(pair_out[p]) * kvol + lo, -1, pair_in[p]) != -1) atomicExch(repeated, 1);
+    if (atomicCAS(nbr + int64_t(pair_out[p]) * kvol + lo, -1, pair_in[p]) != -1 && repeated) atomicExch(repeated, 1);
   }
 }
 
 __global__ void map_masks_kernel(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_splits,
-                                 int32_t* masks) {
+                                 int32_t* masks, unsigned long long* keys) {
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < num_rows;
        r += int64_t(gridDim.x) * blockDim.x) {
     const int32_t* row = nbr + r * kvol;
@@ -586,6 +752,7 @@ __global__ void map_masks_kernel(const int32_t* nbr, int64_t num_rows, int64_t k
       for (int64_t k = k0; k < k1; ++k)
         if (row[k] >= 0) m |= 1u << ((k - k0) / gs);
       masks[s * num_rows + r] = static_cast<int32_t>(m);
+      if (keys) keys[s * num_rows + r] = m;
     }
   }
 }
@@ -662,7 +829,55 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
   return last_launch_error();
 }
 
+template <typename T>
+int launch_dfilter_table(const void* x, const void* dy, const int32_t* table, int64_t rows, bool rows_out,
+                         const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits_max,
+                         float* ws, void* dw, const void* w, void* wt, hipStream_t stream) {
+  const int64_t tiles_ci = (cin + BM - 1) / BM, tiles_co = (cout + BN - 1) / BN;
+  if (kvol > 65535 || splits_max < 1 || splits_max > 65535 || tiles_ci * tiles_co > 0x7fffffffLL)
+    return static_cast<int>(hipErrorInvalidValue);
+  if (dw) {
+    DfArgs a{};
+    a.x = x;
+    a.dy = dy;
+    a.pair_offsets = pair_offsets;
+    a.table = table;
+    a.rows = rows;
+    a.kvol = kvol;
+    a.rows_out = rows_out ? 1 : 0;
+    a.cin = cin;
+    a.cout = cout;
+    a.splits = splits_max;
+    a.tiles_co = static_cast<int>(tiles_co);
+    a.vec = vector_loads_ok(!std::is_same<T, float>::value, cin, cout, x, dy);
+    a.ws = ws;
+    dim3 grid(static_cast<unsigned int>(tiles_ci * tiles_co), static_cast<unsigned int>(splits_max),
+              static_cast<unsigned int>(kvol));
+    launch_kernel(dfilter_kernel<T>, grid, kThreads, 0, stream, a);
+    SPCONV_RETURN_IF_ERROR(last_launch_error());
+  }
+  if (!dw && !wt) return 0;
+  launch_kernel(dfilter_reduce_table_kernel<T>, grid_1d(kvol * cin * cout, kThreads), kThreads, 0, stream, ws,
+      pair_offsets, kvol, cin, cout, splits_max, static_cast<T*>(dw), static_cast<const T*>(w), static_cast<T*>(wt));
+  return last_launch_error();
+}
+
 }  // namespace
+
+int64_t fused_dfilter_split_count(int64_t npairs, int64_t kvol, int64_t slice) {
+  return fused_dfilter_splits(npairs, kvol, slice);
+}
+
+int fused_conv_dfilter_table(DType t, const void* x, const void* dy, const int32_t* table, int64_t rows,
+                             bool rows_out, const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout,
+                             int splits_max, float* workspace, void* dw, const void* w, void* wt, void* stream) {
+  if (kvol <= 0 || cin <= 0 || cout <= 0) return 0;
+  hipStream_t s = static_cast<hipStream_t>(stream);
+  return with_element_type(t, [&](auto tag) {
+    return launch_dfilter_table<typename decltype(tag)::type>(x, dy, table, rows, rows_out, pair_offsets, kvol, cin,
+                                                              cout, splits_max, workspace, dw, w, wt, s);
+  });
+}
 
 int fused_map_fill(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets, int64_t kvol,
                    int64_t npairs, int64_t num_rows, int32_t* nbr, int32_t* repeated, void* stream) {
@@ -674,18 +889,18 @@ int fused_map_fill(const int32_t* pair_in, const int32_t* pair_out, const int64_
 }
 
 int fused_map_masks(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_splits, int32_t* masks,
-                    void* stream) {
+                    unsigned long long* sort_keys, void* stream) {
   if (num_rows <= 0 || num_splits <= 0) return 0;
   launch_kernel(map_masks_kernel, grid_1d(num_rows, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), nbr,
-      num_rows, kvol, num_splits, masks);
+      num_rows, kvol, num_splits, masks, sort_keys);
   return last_launch_error();
 }
 
 int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr, const int32_t* masks,
                        const int32_t* order, int64_t n_out, int64_t kvol, int64_t cin, int64_t cout,
-                       int num_splits, void* y, void* stream) {
+                       int num_splits, void* y, void* stream, bool mirror) {
   if (n_out <= 0 || cout <= 0) return 0;
-  if (num_splits < 1 || kvol < 1) return static_cast<int>(hipErrorInvalidValue);
+  if (num_splits < 1 || kvol < 1 || (mirror && num_splits != 1)) return static_cast<int>(hipErrorInvalidValue);
   FwdArgs a{};
   a.x = x;
   a.w = w;
@@ -697,6 +912,7 @@ int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr
   a.cin = cin;
   a.cout = cout;
   a.y = y;
+  a.mirror = mirror ? 1 : 0;
   a.vec = vector_loads_ok(t != DType::F32, cin, cout, x, w);
   hipStream_t s = static_cast<hipStream_t>(stream);
   return with_element_type(t, [&](auto tag) { return launch_forward<typename decltype(tag)::type>(a, num_splits, s); });

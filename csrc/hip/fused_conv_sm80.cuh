@@ -60,7 +60,7 @@ struct Sm80Issuer {
 };
 
 __device__ __forceinline__ int32_t neighbour(const FwdArgs& a, int32_t row, int k) {
-  return (row >= 0 && k < a.k1) ? a.nbr[int64_t(row) * a.kvol + k] : -1;
+  return (row >= 0 && k < a.k1) ? a.nbr[int64_t(row) * a.kvol + table_column(a, k)] : -1;
 }
 
 // Points the issuer at channel 0 of offset cur.k with neighbour src.

@@ -88,25 +88,38 @@ int scatter_add_rows(DType src_t, const void* src, int64_t c, const int32_t* idx
 
 // ---- fused route ----
 // nbr [num_rows, kvol] must hold -1; sets nbr[pair_out[p] * kvol + k(p)] = pair_in[p]. *repeated (one int32,
-// 0 on entry) becomes 1 when two pairs share an (output, offset): the table then holds only one of them.
+// 0 on entry; may be null) becomes 1 when two pairs share an (output, offset): the table then holds only one of them.
 int fused_map_fill(const int32_t* pair_in, const int32_t* pair_out, const int64_t* pair_offsets, int64_t kvol,
                    int64_t npairs, int64_t num_rows, int32_t* nbr, int32_t* repeated, void* stream);
 // masks[s * num_rows + r]: bit ((k - k0_s) / gs_s) set when nbr[r, k] >= 0, for the offsets
 // k0_s = s * kvol / S <= k < k1_s of split s, gs_s = ceil((k1_s - k0_s) / 32).
+// sort_keys (may be null) [num_splits, num_rows]: the masks as unsigned 64-bit keys (a stable sort gives `order`).
 int fused_map_masks(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_splits, int32_t* masks,
-                    void* stream);
+                    unsigned long long* sort_keys, void* stream);
 // Output-stationary implicit GEMM: y[r] (+)= sum_k x[nbr[r, k]] @ w[k], tiles of rows taken in `order`,
 // offsets whose mask bit is clear in the whole tile skipped. Splits run one after the other (the first
 // overwrites y, later ones accumulate). x [n_in, cin], w [kvol, cin, cout], y [n_out, cout], dtype F32/F16/BF16.
+// mirror (one split): offset k reads column kvol - 1 - k of nbr, with masks / order over nbr's columns (dinput of
+// a mirrored map on its forward table and filters [kvol, cout, cin]).
 int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr, const int32_t* masks,
                        const int32_t* order, int64_t n_out, int64_t kvol, int64_t cin, int64_t cout,
-                       int num_splits, void* y, void* stream);
+                       int num_splits, void* y, void* stream, bool mirror = false);
 // dW[k] = sum over the pairs p of offset k of x[pair_in[p]]^T dy[pair_out[p]]; split-K over `splits`
 // chunks per offset into workspace [kvol, splits, cin, cout] (fp32), then a fixed-order reduction into
 // dw [kvol, cin, cout] of dtype t: deterministic, no atomics.
 int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
                        const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits,
                        float* workspace, void* dw, void* stream);
+// The split-K count of fused_conv_dfilter for npairs pairs (slice = kvol * cin * cout).
+int64_t fused_dfilter_split_count(int64_t npairs, int64_t kvol, int64_t slice);
+// fused_conv_dfilter from a neighbour table: the pairs of offset k are column k's entries >= 0 in row order
+// (rows_out: table [rows = outputs, kvol] of inputs; else [rows = inputs, kvol] of outputs), the split count
+// fused_dfilter_split_count of pair_offsets[kvol] - pair_offsets[0] read on the device, at most splits_max
+// (workspace: splits_max * kvol * cin * cout floats). The same bits as fused_conv_dfilter on pairs in that
+// order. dw null: no filter gradient; wt (with w) non-null: also wt[k][co][ci] = w[k][ci][co].
+int fused_conv_dfilter_table(DType t, const void* x, const void* dy, const int32_t* table, int64_t rows,
+                             bool rows_out, const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout,
+                             int splits_max, float* workspace, void* dw, const void* w, void* wt, void* stream);
 // Which kernel body fused_conv_forward runs on the current device: *out (one int32 on the device) = 0 SIMT,
 // 1 WMMA, 2 MFMA for 16-bit dtypes, as compiled into the code the device runs; fused_body_name names it for t.
 int fused_forward_body(int32_t* out, void* stream);

@@ -118,6 +118,16 @@ SPCONV_SCHEMA(m) {
   m.def(
       "fused_conv_dfilter(Tensor features, Tensor out_grad, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, "
       "Tensor? map_info=None) -> Tensor");
+  // The backward of fused_conv on tables, with no device->host copy given map_info (the forward map's record):
+  // dx = fused_conv(out_grad, filters transposed, nbr, masks, order), nbr [num_in, kvol] the dinput table
+  // (mirrored: the forward table of a mirrored map, one split, offset k reading column kvol - 1 - k);
+  // dw[k] = sum of features[i]^T out_grad[o] over the entries of column k of dw_table in row order (rows o,
+  // entries i when dw_by_output; rows i, entries o otherwise), split-K by the pair count in pair_offsets: the
+  // bits of fused_conv_dfilter on pairs in that order. Outputs not asked for (need_dx, need_dw) are empty.
+  m.def(
+      "fused_conv_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor nbr, Tensor masks, "
+      "Tensor order, bool mirrored, Tensor dw_table, bool dw_by_output, Tensor pair_offsets, bool need_dx, "
+      "bool need_dw, Tensor? map_info=None) -> (Tensor dx, Tensor dw)");
   // Which kernel body fused_conv runs for this tensor's device and dtype: reference, simt, wmma or mfma.
   m.def("fused_conv_path(Tensor features) -> str");
   // ---- end fused route ----

@@ -12,6 +12,13 @@ How it works
   dinput is the same kernel on the reversed map (the table of ``maps.reversed()``) with filters transposed to
   ``[kvol, Cout, Cin]``; dfilter is a per-offset gathered GEMM ``X^T dY`` with split-K partials reduced in a
   fixed order (deterministic, no atomics).
+  Backward on a map whose builder kept a table (``fused_conv_backward``, one op, no host read): dfilter reads
+  its pairs from that table (column k's entries in row order: the pairs' own order, so the same bits), the
+  split count from the device's pair_offsets; the dfilter's reduction also writes the transposed filters for
+  dinput. dinput of a mirrored map (submanifold, odd kernel sizes: offset kvol - 1 - k is offset k negated)
+  runs on the forward table with its columns reversed and the forward masks / order; of a regular conv on the
+  builder's in->out table (``maps.in_table``), whose masks and order the first backward makes (cached). So a
+  SubM map's pairs are never read by the fused route.
   Kernel bodies, picked by the compile target (never by a user flag): SIMT FMA on every GPU; for fp16/bf16
   WMMA tensor cores on NVIDIA sm_80+ and MFMA on AMD gfx90a/gfx94x. ``torch.ops.spconv.fused_conv_path(x)``
   tells which one runs.
@@ -41,9 +48,11 @@ from torch.autograd.function import once_differentiable
 from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
 from spconv import _backend  # loads the extension, which defines the ops; _backend.ops calls them
-from spconv.pytorch._maps import map_info_of
+from spconv.pytorch._maps import MAP_MIRRORED, map_info_of
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# maps.cache key set by a builder whose map is mirrored (offset kvol - 1 - k is offset k negated).
+MIRRORED_KEY = "fused_mirrored"
 MAX_KVOL = 4096
 MAX_CHANNELS = 16384
 # Mask splits of the forward / dinput tables. 1 until the device benchmark shows a split pays.
@@ -68,6 +77,14 @@ def _fused_map_masks_fake(nbr, num_splits):
 @_backend.register_fake("fused_conv")
 def _fused_conv_fake(features, filters, nbr, masks, order, map_info=None):
     return features.new_empty((nbr.shape[0], filters.shape[2]))
+
+
+@_backend.register_fake("fused_conv_backward")
+def _fused_conv_backward_fake(features, filters, out_grad, nbr, masks, order, mirrored, dw_table, dw_by_output,
+                              pair_offsets, need_dx, need_dw, map_info=None):
+    dx = features.new_empty(features.shape if need_dx else (0,))
+    dw = features.new_empty(filters.shape if need_dw else (0,))
+    return dx, dw
 
 
 @_backend.register_fake("fused_conv_dfilter")
@@ -119,6 +136,40 @@ def fused_tables(maps, num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor,
                                                   map_info_of(maps))
         maps.cache[key] = tables
     return tables
+
+
+def mark_mirrored(maps, ksize) -> None:
+    """Notes that ``maps`` (a submanifold map) is mirrored when every kernel size is odd."""
+    if all(k % 2 == 1 for k in ksize):
+        maps.cache[MIRRORED_KEY] = True
+
+
+def _mirrored(maps) -> bool:
+    if maps.cache.get(MIRRORED_KEY):
+        return True
+    if not getattr(maps, "resolved", False) or torch.compiler.is_compiling():
+        return False  # (a pending map's builder marks it; its host record comes with the pairs)
+    info = maps.info
+    return info is not None and bool(int(info.numpy()[-1]) & MAP_MIRRORED)  # a host record: no op
+
+
+def _dinput_tables(maps, num_splits: int):
+    """(nbr, masks, order, mirrored) of dinput: a mirrored map's forward tables (one split), else the reversed
+    map's (from the builder's in->out table where there is one, else from the pairs)."""
+    if getattr(maps, "out_table", None) is not None and split_count(maps.pair_offsets.shape[0] - 1,
+                                                                     num_splits) == 1 and _mirrored(maps):
+        return (*fused_tables(maps, num_splits), True)
+    return (*fused_tables(_reversed(maps), num_splits), False)
+
+
+def _dfilter_table(maps):
+    """(table, rows are outputs) the filter gradient reads its pairs from, or None. The builder's table by
+    output (input) is in the order of its pairs by output (input) row."""
+    out_table = getattr(maps, "out_table", None)
+    if out_table is not None:
+        return out_table, True
+    in_table = getattr(maps, "in_table", None)
+    return None if in_table is None else (in_table, False)
 
 
 def eligible(features: torch.Tensor, filters: torch.Tensor, maps, num_out: int) -> bool:
@@ -173,6 +224,14 @@ class FusedConvFunction(torch.autograd.Function):
         features, filters = ctx.saved_tensors
         maps = ctx.maps
         grad_out = grad_out.to(features.dtype).contiguous()
+        need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dw_table = _dfilter_table(maps)
+        if dw_table is not None:
+            table, by_output = dw_table
+            nbr, masks, order, mirrored = _dinput_tables(maps, ctx.num_splits) if need_dx else (table,) * 3 + (False,)
+            dx, dw = _backend.ops.fused_conv_backward(features, filters, grad_out, nbr, masks, order, mirrored, table,
+                                                      by_output, maps.pair_offsets, need_dx, need_dw, table_info(maps))
+            return (dx if need_dx else None), (dw if need_dw else None), None, None
         dx = dw = None
         if ctx.needs_input_grad[0]:
             rev = _reversed(maps)

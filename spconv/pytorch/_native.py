@@ -76,6 +76,7 @@ def _subm_map_on_device(indices: torch.Tensor, batch_size: int, spatial_shape: L
                     pending=lambda: _ops.subm_map_pairs(*args, nbr, pair_offsets, status))
     if splits:
         maps.cache[_fused.table_cache_key(splits)] = (nbr, masks, order)
+    _fused.mark_mirrored(maps, ksize)
     return maps
 
 

@@ -154,6 +154,41 @@ at::Tensor fused_conv_dfilter_cpu(const at::Tensor& features, const at::Tensor& 
   return dw.to(features.scalar_type());
 }
 
+// fused_conv_backward from its parts: the dinput tables (a mirrored map's with the columns reversed, masks and
+// order made again) through fused_conv, and the dfilter table's pairs (column by column, rows ascending)
+// through fused_conv_dfilter.
+std::tuple<at::Tensor, at::Tensor> fused_conv_backward_cpu(
+    const at::Tensor& features, const at::Tensor& filters, const at::Tensor& out_grad, const at::Tensor& nbr,
+    const at::Tensor& masks, const at::Tensor& order, bool mirrored, const at::Tensor& dw_table, bool dw_by_output,
+    const at::Tensor& pair_offsets, bool need_dx, bool need_dw, const std::optional<at::Tensor>& map_info) {
+  check_fused_backward_args(features, filters, out_grad, nbr, masks, order, mirrored, dw_table, dw_by_output,
+                            pair_offsets, need_dx, /*allow_double=*/true);
+  check_fused_backward_tables(nbr, order, dw_table, dw_by_output, features.size(0), out_grad.size(0), need_dx,
+                              need_dw, map_info);
+  at::Tensor dx = at::empty({0}, features.options()), dw = at::empty({0}, features.options());
+  if (need_dx) {
+    at::Tensor wt = filters.transpose(1, 2).contiguous();
+    if (mirrored) {
+      at::Tensor rev = nbr.flip(1).contiguous();
+      auto [m, o] = masks_and_order(rev, 1);
+      dx = fused_conv_cpu(out_grad, wt, rev, m, o, std::nullopt);
+    } else {
+      dx = fused_conv_cpu(out_grad, wt, nbr, masks, order, std::nullopt);
+    }
+  }
+  if (need_dw) {
+    at::Tensor t = dw_table.t();
+    at::Tensor hit = t.ge(0);
+    at::Tensor at_rows = hit.nonzero().select(1, 1).to(at::kInt);  // (k, row) ascending
+    at::Tensor entries = t.masked_select(hit);
+    at::Tensor counts = hit.sum(1);
+    at::Tensor po = at::cat({at::zeros({1}, counts.options()), counts.cumsum(0)});
+    dw = dw_by_output ? fused_conv_dfilter_cpu(features, out_grad, entries, at_rows, po, std::nullopt)
+                      : fused_conv_dfilter_cpu(features, out_grad, at_rows, entries, po, std::nullopt);
+  }
+  return {dx, dw};
+}
+
 std::string fused_conv_path_cpu(const at::Tensor&) { return "reference"; }
 
 }  // namespace
@@ -163,6 +198,7 @@ TORCH_LIBRARY_IMPL(spconv, CPU, m) {
   m.impl("fused_map_masks", &fused_map_masks_cpu);
   m.impl("fused_conv", &fused_conv_cpu);
   m.impl("fused_conv_dfilter", &fused_conv_dfilter_cpu);
+  m.impl("fused_conv_backward", &fused_conv_backward_cpu);
   m.impl("fused_conv_path", &fused_conv_path_cpu);
 }
 
