@@ -213,6 +213,10 @@ class FusedConvFunction(torch.autograd.Function):
     def forward(ctx, features, filters, maps, num_splits):
         nbr, masks, order = fused_tables(maps, num_splits)
         out = _backend.ops.fused_conv(features, filters, nbr, masks, order, table_info(maps))
+        if ctx.needs_input_grad[0] and getattr(maps, "in_table", None) is not None:
+            # A regular conv's dinput table (the builder's in->out table) gets its masks and order now, once per
+            # map, so that the backward is its one op's launches alone.
+            _dinput_tables(maps, num_splits)
         ctx.maps = maps
         ctx.num_splits = num_splits
         ctx.save_for_backward(features, filters)
