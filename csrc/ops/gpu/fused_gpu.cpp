@@ -135,12 +135,11 @@ std::tuple<at::Tensor, at::Tensor> fused_conv_backward_gpu(
   const int64_t splits_max = need_dw ? gpu::fused_dfilter_split_count(rows * kvol, kvol, slice) : 1;
   at::Tensor ws = need_dw ? at::empty({splits_max * slice}, x.options().dtype(at::kFloat)) : at::Tensor();
   if (slice > 0 && (need_dw || need_dx))
-    check_launch(gpu::fused_conv_dfilter_table(dt, x.const_data_ptr(), dy.const_data_ptr(),
-                                               table.const_data_ptr<int32_t>(), rows, dw_by_output,
-                                               po.const_data_ptr<int64_t>(), kvol, cin, cout,
-                                               static_cast<int>(splits_max), need_dw ? ws.mutable_data_ptr<float>() : nullptr,
-                                               need_dw ? dw.mutable_data_ptr() : nullptr, w.const_data_ptr(),
-                                               need_dx ? wt.mutable_data_ptr() : nullptr, stream),
+    check_launch(gpu::fused_conv_dfilter_table(
+                     dt, x.const_data_ptr(), dy.const_data_ptr(), table.const_data_ptr<int32_t>(), rows, dw_by_output,
+                     po.const_data_ptr<int64_t>(), kvol, cin, cout, static_cast<int>(splits_max),
+                     need_dw ? ws.mutable_data_ptr<float>() : nullptr, need_dw ? dw.mutable_data_ptr() : nullptr,
+                     w.const_data_ptr(), need_dx ? wt.mutable_data_ptr() : nullptr, stream),
                  "fused_conv_dfilter_table");
   if (need_dx && x.size(0) > 0 && cin > 0) {
     if (dy.size(0) == 0 || cout == 0) {
