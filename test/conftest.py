@@ -4,7 +4,7 @@ import ctypes
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests import the _reference helpers
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests import support.* and each other
 
 # ---- hypothesis: a short, reproducible profile for CI; `pytest --hypothesis-profile=long` for deep runs ----
 try:
@@ -109,3 +109,21 @@ def run_program(exe, *args, expect_ok=True, timeout=600):
 def hip_cpu():
     """torch.ops.spconv_hipcpu: the GPU glue and kernels built for the HIP CPU runtime, on the CPU key."""
     return hip_cpu_library("simt")
+
+
+# ---- markers: gpu (skipped without a GPU), hip_cpu (also every test that takes the hip_cpu fixture) ----
+def gpu_present() -> bool:
+    """A CUDA or ROCm device and an extension built with the GPU kernels: what a ``gpu`` test needs."""
+    import torch
+    from spconv import _backend
+    return torch.cuda.is_available() and _backend.has_gpu_kernels()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = None if gpu_present() else pytest.mark.skip(
+        reason="needs a CUDA or ROCm GPU and the extension built with its kernels (hip_cpu runs the same code)")
+    for item in items:
+        if "hip_cpu" in getattr(item, "fixturenames", ()) and item.get_closest_marker("hip_cpu") is None:
+            item.add_marker(pytest.mark.hip_cpu)
+        if skip_gpu is not None and item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip_gpu)

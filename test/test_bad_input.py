@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import spconv
 import spconv.pytorch as spconv_pt
-from _reference import dense_reference, random_sparse
+from support.reference import dense_reference, random_sparse
 
 SHAPE = [6, 5, 4]
 

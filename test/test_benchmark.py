@@ -11,7 +11,7 @@ import torch
 
 import spconv
 import spconv.pytorch
-from _reference import random_sparse
+from support.reference import random_sparse
 from spconv.benchmark import baseline, compare, network, reference, report, scenes
 from spconv.benchmark.cli import note_parallel_regions, parse_args, pick_dtypes, pick_workloads
 from spconv.benchmark.flops import ConvLayer, conv_flops, layer_flops, total_flops
@@ -347,6 +347,7 @@ def test_resolve_compare_target(tmp_path):
         compare.resolve_target(str(tmp_path / "missing" / "python"), environ=env)
 
 
+@pytest.mark.slow
 def test_compare_worker_against_ourselves():
     """The worker runs in a subprocess with only its own imports; pointed at this spconv it must agree."""
     from spconv.benchmark.workloads import basic
@@ -382,6 +383,7 @@ def test_threaded_output_note_flags_a_nondeterministic_other(tmp_path):
     assert compare.threaded_output_note("other 1.0", "fp32", str(single), 1) is None
 
 
+@pytest.mark.slow
 def test_quick_run_end_to_end(tmp_path):
     """The smoke run: every workload, every correctness line PASS, a complete JSON file."""
     out = tmp_path / "quick.json"
@@ -437,6 +439,7 @@ def test_fused_tf32_rows_say_they_are_fp32():
     assert native[2] == "tf32"
 
 
+@pytest.mark.slow
 def test_backbone_dense_check_passes_and_catches_a_wrong_reference(monkeypatch):
     from types import SimpleNamespace
 

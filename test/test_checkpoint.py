@@ -10,7 +10,7 @@ from torch import nn
 
 import spconv.pytorch as spconv
 from spconv import constants
-from _helpers_surface import make_sparse
+from support.surface import make_sparse
 
 
 def _net():

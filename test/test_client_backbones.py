@@ -1,4 +1,4 @@
-"""The clients' sparse backbones (test/client_backbones.py, plus the networks of client_nets.py) run unchanged,
+"""The clients' sparse backbones (test/support/client_backbones.py, plus the networks of client_nets.py) run unchanged,
 forward and backward, and agree with the real spconv 2.3.8.
 
 Captured from spconv 2.3.8 by reference_worker.py (same weights, inputs and loss): FP64 outputs
@@ -17,15 +17,15 @@ import pytest
 import torch
 
 import spconv.pytorch as sp
-import client_backbones
-import client_nets as nets
+from support import client_backbones
+from support import client_nets as nets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
 OUTPUTS = os.path.join(DATA, "spconv238_client_outputs.npz")
 GRADS = os.path.join(DATA, "spconv238_client_grads.npz")
 ABOUT = os.path.join(DATA, "spconv238_client_outputs.json")
-WORKER = os.path.join(HERE, "reference_worker.py")
+WORKER = os.path.join(HERE, "support", "reference_worker.py")
 BUILDERS = {**nets.BUILDERS, **client_backbones.BUILDERS}
 OUT_TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 GRAD_TOL = {torch.float64: 1e-10, torch.float32: 3e-5}  # measured worst: 1.5e-14, 4.2e-6
@@ -80,6 +80,7 @@ def captured():
     return _load(OUTPUTS), _load(GRADS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_backbone_forward_backward_matches_spconv238_fp64(name, captured):
     outputs, grads = captured
@@ -124,6 +125,7 @@ def _directional_fd(tiny, features, params, directions, eps=1e-6):
     return (shifted(1) - shifted(-1)) / (2 * eps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pcdet_voxelnext", "pcdet_focal", "pointcept_spunet_v1m1"])
 def test_backbone_backward_against_finite_differences(name):
     """This package's FP64 gradients against central differences along random directions, independently of
@@ -150,6 +152,7 @@ def _l2_bound(net):
     return 10 * max(1.0, widest / 16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", AUTOCAST_NETS)
 def test_backbone_runs_under_cpu_autocast(name):
     """Forward and backward under torch.autocast on the CPU (bfloat16 there: convs, norms and dense() run in it)
@@ -214,8 +217,8 @@ def _recapture(tmp_path, result, autocast):
     shutil.copyfile(tmp_path / "grads_float64.npz", GRADS)
     about = {
         "_about": [
-            "Outputs (FP64) and gradients (FP64) of test/client_nets.py and test/client_backbones.py under the real "
-            "spconv 2.3.8 (CPU-only wheel), written by test/reference_worker.py with one torch thread.",
+            "Outputs (FP64) and gradients (FP64) of test/support/client_nets.py and test/support/client_backbones.py under the real "
+            "spconv 2.3.8 (CPU-only wheel), written by test/support/reference_worker.py with one torch thread.",
             "Gradients: spconv 2.3.8's CPU-only build raises AssertionError('Torch not compiled with CUDA "
             "enabled') in its conv backward (spconv/pytorch/ops.py indice_conv_backward -> cppcore."
             "get_current_stream -> torch.cuda.current_stream); the capture replaces ops.get_current_stream by a "

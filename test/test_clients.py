@@ -1,6 +1,6 @@
 """The ways OpenPCDet, mmdetection3d, Pointcept and CenterPoint use spconv 2.x, exercised as they do it: version
 checks at import, walks over spconv.conv.SparseConvolution, replace_feature, shared indice keys and inverse convs,
-checkpoint loading with weight permutes, and their network shapes (test/client_nets.py) against spconv 2.3.8.
+checkpoint loading with weight permutes, and their network shapes (test/support/client_nets.py) against spconv 2.3.8.
 
 The networks' outputs are checked against outputs of the real spconv 2.3.8 (FP64, captured into
 test/data/spconv238_client_outputs.npz by reference_worker.py with the same weights and inputs); with
@@ -16,12 +16,12 @@ from torch import nn
 
 import spconv
 import spconv.pytorch as sp
-import client_nets as nets
+from support import client_nets as nets
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CAPTURED = os.path.join(HERE, "data", "spconv238_client_outputs.npz")
-WORKER = os.path.join(HERE, "reference_worker.py")
+WORKER = os.path.join(HERE, "support", "reference_worker.py")
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 
 

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import spconv.pytorch as spconv
-from _reference import random_sparse
-from export_nets import EveryLayer
-from export_nets import inputs as every_layer_inputs
+from support.reference import random_sparse
+from support.export_nets import EveryLayer
+from support.export_nets import inputs as every_layer_inputs
 
 SHAPE = [8, 8, 8]
 
@@ -46,6 +46,7 @@ def test_graph_breaks_only_at_kernel_map_building():
     assert len(reasons) <= 3  # one per kernel map built (subm a, conv down, the unkeyed subm; pool reuses none)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", [
     "aot_eager",
     pytest.param("inductor", marks=pytest.mark.skipif(os.getenv("SPCONV_TEST_INDUCTOR") != "1",
@@ -80,6 +81,7 @@ def test_no_graph_break_when_dynamic_output_shapes_are_captured():
     assert explanation.graph_break_count == 0, [str(b.reason) for b in explanation.break_reasons]
 
 
+@pytest.mark.slow
 def test_fullgraph_inference_matches_eager_bitwise():
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -92,6 +94,7 @@ def test_fullgraph_inference_matches_eager_bitwise():
             assert all(torch.equal(a, b) for a, b in zip(out, ref)), (seed, density)
 
 
+@pytest.mark.slow
 def test_fullgraph_inductor_matches_eager_bitwise_inside_bitwise_inductor():
     from spconv import deploy
     torch._dynamo.reset()

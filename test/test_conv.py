@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import spconv.pytorch as spconv
-from _reference import brute_force, conv1x1_weight, dense_reference, random_sparse
+from support.reference import brute_force, conv1x1_weight, dense_reference, random_sparse
 
 SHAPES = {1: [17], 2: [9, 8], 3: [7, 6, 5], 4: [5, 4, 4, 3]}
 MIXED = {1: (3,), 2: (3, 1), 3: (3, 1, 3), 4: (3, 1, 3, 1)}
@@ -106,6 +106,7 @@ def test_sparse_conv(case):
     assert out.spatial_shape == _out_shape(SHAPES[nd], k, [s] * nd, [p] * nd, [d] * nd)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(_cases("deconv")), ids=_ids)
 def test_sparse_conv_transpose(case):
     nd, k, s, p, d, b = case

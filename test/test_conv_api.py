@@ -5,7 +5,7 @@ import torch
 
 import spconv.pytorch as spconv
 from spconv.pytorch import ops
-from _reference import dense_reference, low_precision_ok, random_sparse
+from support.reference import dense_reference, low_precision_ok, random_sparse
 
 
 def _scene(seed=0, channels=4, batch=2, shape=(8, 9, 7), density=0.2):
@@ -147,6 +147,7 @@ def test_low_precision_backward():
     assert low_precision_ok(layer.weight.grad.float() - w32, cin, cout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["subm", "conv", "deconv"])
 def test_gradcheck_fp64(kind):
     x = random_sparse(3, [5, 4, 5], 2, 2, density=0.3, seed=9)

@@ -78,6 +78,7 @@ def run_under(isa, tmp_path):
     return torch.load(path)
 
 
+@pytest.mark.slow
 def test_instruction_set_paths_agree(tmp_path):
     best = run_under(None, tmp_path)
     if best.pop("cpu_isa") == "generic":

@@ -135,6 +135,7 @@ def _capacity_run(value):
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_capacity_bounds_what_is_kept():
     off = eval(_capacity_run("0").stdout)
     assert off["capacity_bytes"] == 0 and off["cached_blocks"] == 0 and off["cached_bytes"] == 0
@@ -144,6 +145,7 @@ def test_capacity_bounds_what_is_kept():
     assert default["capacity_bytes"] == 512 << 20 and default["cached_blocks"] == 4
 
 
+@pytest.mark.slow
 def test_bad_capacity_raises_naming_the_variable():
     r = _capacity_run("lots")
     assert r.returncode != 0 and "SPCONV_CPU_OUTPUT_CACHE_MB must be a non-negative integer" in r.stderr

@@ -96,6 +96,7 @@ def test_activation_from_the_stand_in_is_accepted_by_convs():
     assert conv._act == "LeakyReLU" and "act=Activation.LeakyReLU" in repr(conv)
 
 
+@pytest.mark.slow
 def test_finder_yields_to_a_real_cumm(tmp_path):
     # Real cumm on sys.path: `import spconv` installs the finder, yet `import cumm` is the real package.
     fake = _fake_real_cumm(tmp_path / "real")
@@ -110,6 +111,7 @@ def test_finder_yields_to_a_real_cumm(tmp_path):
     assert out.split() == ["True", "False", "True"]
 
 
+@pytest.mark.slow
 def test_finder_yields_to_a_cumm_found_by_a_later_finder(tmp_path):
     # Editable installs put their own finder on sys.meta_path, possibly after ours: that cumm wins too.
     fake = _fake_real_cumm(tmp_path / "elsewhere")
@@ -183,6 +185,7 @@ def test_build_puts_the_pth_at_the_top_of_the_wheel(tmp_path):
         assert (tmp_path / rel).is_file(), rel
 
 
+@pytest.mark.slow
 def test_a_broken_real_cumm_is_left_alone_and_voxelization_still_works(tmp_path):
     # A real cumm that fails to import (e.g. a missing dependency) keeps failing as it would without spconv: the
     # stand-in never hides it; spconv.utils falls back to the stand-in's tensors for its own results.

@@ -83,8 +83,8 @@ def _worker(rank, backend, init_file, out_dir):
         dist.destroy_process_group()
 
 
-_NCCL = pytest.mark.skipif(not (dist.is_available() and dist.is_nccl_available() and torch.cuda.device_count() >= 2),
-                           reason="nccl/rccl DDP needs 2 GPUs")
+_NCCL = [pytest.mark.gpu, pytest.mark.skipif(not (dist.is_available() and dist.is_nccl_available() and torch.cuda.device_count() >= 2),
+                           reason="nccl/rccl DDP needs 2 GPUs")]
 
 
 @pytest.fixture(scope="module", params=["gloo", pytest.param("nccl", marks=_NCCL)])

@@ -49,6 +49,7 @@ def _scene_args():
     return ["--crop", *CROP]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["backbone8x", "basic"])
 def test_cpp_run_equals_eager(model, run_package, tmp_path):
     make_package.main(["--model", model, "--out", str(tmp_path), "--repeat", "1"] + _scene_args())

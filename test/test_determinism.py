@@ -6,7 +6,7 @@ from torch import nn
 
 import spconv
 import spconv.pytorch as spconv_pt
-from _reference import random_sparse
+from support.reference import random_sparse
 
 
 def _net(c_in, c, batch_norm=False):
@@ -124,7 +124,7 @@ def test_runs_under_torch_deterministic_algorithms():
     assert all(torch.equal(a, b) for a, b in zip(ref, got))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+@pytest.mark.gpu
 @pytest.mark.parametrize("flag", [True, False], ids=["set_deterministic", "default"])
 def test_gpu_bitwise_across_runs(flag):
     x = random_sparse(3, [40, 40, 20], 2, 4, density=0.2, seed=1)

@@ -132,6 +132,7 @@ def test_hip_cpu_build_fused_map_rejects_repeated_outputs(hip_cpu):
         hc.build_fused_map(maps.pair_in, maps.pair_out, maps.pair_offsets, maps.num_out, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.hip_cpu
 @pytest.mark.parametrize("inverse", [False, True])
 def test_hip_cpu_rounds_match_cpu(inverse, hip_cpu):

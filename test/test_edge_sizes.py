@@ -9,10 +9,9 @@ import torch
 from torch import nn
 
 import spconv.pytorch as spconv
-from _reference import brute_force, random_sparse
+from support.reference import brute_force, random_sparse
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                  reason="no GPU on this machine"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def _unet(c=2):
@@ -140,6 +139,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="RSS read from /proc")
 def test_memory_flat_over_1000_iterations():
     torch.manual_seed(0)
@@ -173,7 +173,7 @@ def test_memory_flat_over_1000_iterations():
     assert grown < 8 * 2 ** 20, f"RSS grew by {grown / 2 ** 20:.1f} MiB over 1000 iterations"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+@pytest.mark.gpu
 def test_gpu_memory_flat_over_1000_iterations():
     torch.manual_seed(0)
     net = spconv.SparseSequential(spconv.SubMConv3d(2, 4, 3), spconv.SparseConv3d(4, 4, 2, 2)).cuda()

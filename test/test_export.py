@@ -6,7 +6,7 @@ from torch import nn
 
 import spconv.pytorch as spconv
 from spconv import deploy
-from export_nets import EveryLayer, inputs
+from support.export_nets import EveryLayer, inputs
 
 
 def _equal(a, b):
@@ -20,6 +20,7 @@ def exported():
     return model, deploy.export(model, *inputs(0, 0.3))
 
 
+@pytest.mark.slow
 def test_every_layer_kind_matches_eager_bitwise_at_other_sizes(exported):
     model, ep = exported
     run = ep.module()
@@ -125,7 +126,7 @@ def test_layers_after_an_empty_output_run_on_zero_rows():
 
 
 def test_batch_size_argument_is_a_constant_of_the_graph():
-    from _reference import random_sparse
+    from support.reference import random_sparse
     from spconv.benchmark.deploy_models import build
     model = build("basic", 3, [64, 64, 64])  # forward(features, indices, batch_size)
     x = random_sparse(3, [64, 64, 64], 2, 3, density=0.002, seed=0)

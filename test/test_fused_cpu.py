@@ -138,6 +138,7 @@ def native_backward(features, filters, dy, m):
     return dx, dw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("splits", [1, 2])
 @pytest.mark.parametrize("channels", [(3, 5), (16, 16), (8, 70)])
@@ -180,6 +181,7 @@ def test_subm_matches_dense_conv3d():
     torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", ["subm3", "conv_s2", "deconv", "subm5_kvol125"])
 def test_low_precision_against_fp32(dtype, case):

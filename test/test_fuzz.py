@@ -12,7 +12,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import assume, given, strategies as st  # noqa: E402
 
 import spconv.pytorch as spconv  # noqa: E402
-from _reference import (brute_force, conv1x1_weight, dense_reference, gather_sites, low_precision_ok,  # noqa: E402
+from support.reference import (brute_force, conv1x1_weight, dense_reference, gather_sites, low_precision_ok,  # noqa: E402
                         random_sparse)
 
 CONV = {

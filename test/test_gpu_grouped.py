@@ -6,12 +6,10 @@ import pytest
 import torch
 
 import spconv.pytorch as spconv
-from spconv import _backend, constants
-from _reference import random_sparse
+from spconv import constants
+from support.reference import random_sparse
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and _backend.has_gpu_kernels()),
-    reason="needs a GPU and an extension built with GPU kernels")
+pytestmark = pytest.mark.gpu  # skipped without a GPU (conftest)
 
 
 def rel(a, b):

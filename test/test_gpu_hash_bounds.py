@@ -10,6 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 @pytest.mark.hip_cpu
 def test_full_hash_table_is_reported(tmp_path, hip_cpu):
     """Before: hash_insert probed forever once the table was full (the program timed out)."""

@@ -5,13 +5,10 @@ Skips where no GPU (or no GPU kernels) is present."""
 import pytest
 import torch
 
-from spconv import _backend
-from _int8_reference import int8_conv_reference, random_table
+from support.int8_reference import int8_conv_reference, random_table
 from test_gpu_map_order import coords
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and _backend.has_gpu_kernels()),
-    reason="needs a GPU and an extension built with GPU kernels")
+pytestmark = pytest.mark.gpu  # skipped without a GPU (conftest)
 
 ops = torch.ops.spconv
 DEV = "cuda"

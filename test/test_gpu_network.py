@@ -9,13 +9,12 @@ import pytest
 import torch
 
 import spconv.pytorch as spconv
-from spconv import _backend, constants
+from spconv import constants
 from spconv.benchmark import scenes
 from test_end_to_end import UNet, _scene
 from test_hip_cpu_network import FP16_TOL, REAL_SCAN, basic_net, flat, rel, run
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and _backend.has_gpu_kernels()),
-                                reason="needs a GPU and an extension built with GPU kernels")
+pytestmark = pytest.mark.gpu  # skipped without a GPU (conftest)
 
 # Relative to the norm. Each item must be within TOL[dtype] of the CPU route in FP64, or within twice the CPU
 # route's own error in the same dtype where that is larger (BF16 keeps 8 significant bits to FP16's 11; every

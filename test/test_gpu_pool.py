@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import spconv.pytorch as spconv
 from spconv import _backend
 from spconv.pytorch import ops as sp_ops
-from _helpers_surface import gather_sites, make_sparse, occupancy, sorted_rows, with_features
+from support.surface import gather_sites, make_sparse, occupancy, sorted_rows, with_features
 from spconv.pytorch.pool import SparseAvgPool
 from test_pool import CASES as DENSE_CASES, _SHAPE as _POOL_SHAPE, _dense_window_sum, _ids
 

@@ -9,7 +9,7 @@ import torch
 import spconv.pytorch as spconv
 from spconv import _backend, constants
 from test_fused_cpu import random_coords
-from _launch_counts import count
+from support.launch_counts import count
 from test_gpu_map_order import coords
 
 pytestmark = pytest.mark.hip_cpu

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import spconv.pytorch as spconv
-from _grouped_reference import grouped_brute_force, grouped_dense, grouped_reference
-from _reference import low_precision_ok, random_sparse
+from support.grouped_reference import grouped_brute_force, grouped_dense, grouped_reference
+from support.reference import low_precision_ok, random_sparse
 from spconv.pytorch import _grouped
 
 SHAPES = {1: [17], 2: [9, 8], 3: [7, 6, 5], 4: [5, 4, 4, 3]}
@@ -43,6 +43,7 @@ def _check(layer, x, groups, kind, s, p, d, atol=1e-4):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nd", [1, 2, 3, 4])
 @pytest.mark.parametrize("kind,k,s,p,d", [("subm", 3, 1, 0, 1), ("subm", 3, 1, 0, 2), ("conv", 3, 2, 1, 1),
                                           ("conv", 2, 1, 0, 2), ("deconv", 3, 2, 1, 1), ("deconv", 2, 2, 0, 1)])
@@ -90,6 +91,7 @@ def _check_inverse(inv, y, x, groups):
 # tiles; groups with 8 outputs per group (AVX2 tiles), 16 outputs from 8 inputs (AVX-512 row tiles, one group and
 # eight groups at once), 16/32/80 channels per group (pairs bucketed by offset, 1-4 vector tails), 3 (portable
 # loops) and 1 -> 2 (a channel multiplier).
+@pytest.mark.slow
 @pytest.mark.parametrize("cin,cout,groups", [(64, 64, 64), (40, 40, 40), (136, 136, 136), (32, 32, 4),
                                              (32, 64, 4), (64, 128, 8), (64, 64, 4), (128, 128, 8), (128, 128, 4),
                                              (160, 160, 2), (48, 48, 2), (9, 9, 3), (8, 16, 8), (16, 16, 16)])
@@ -369,6 +371,7 @@ def test_deterministic_across_threads():
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_torch_compile_grouped_net():
     torch.manual_seed(0)
     net = spconv.SparseSequential(spconv.SubMConv3d(8, 8, 3, groups=8, indice_key="a"), torch.nn.ReLU(),

@@ -9,8 +9,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import assume, given, strategies as st  # noqa: E402
 
 import spconv.pytorch as spconv  # noqa: E402
-from _grouped_reference import grouped_reference  # noqa: E402
-from _reference import random_sparse  # noqa: E402
+from support.grouped_reference import grouped_reference  # noqa: E402
+from support.reference import random_sparse  # noqa: E402
 
 CONV = {"subm": "SubMConv{}d", "conv": "SparseConv{}d", "deconv": "SparseConvTranspose{}d"}
 

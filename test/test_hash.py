@@ -7,7 +7,7 @@ from spconv.pytorch.hash import HashTable
 
 GPU = torch.cuda.is_available() and backend.has_gpu_kernels()
 DEVICES = ["cpu"] + (["cuda"] if GPU else [])
-needs_gpu = pytest.mark.skipif(not GPU, reason="needs a GPU and the extension built with GPU kernels")
+needs_gpu = pytest.mark.gpu  # skipped without a GPU (conftest)
 
 
 def make_table(device, kd, vd, n):

@@ -7,7 +7,7 @@ from torch import nn
 
 import spconv.pytorch as spconv
 from spconv import _backend, deploy
-from export_nets import inputs
+from support.export_nets import inputs
 
 pytestmark = pytest.mark.hip_cpu
 

@@ -8,7 +8,7 @@ import torch
 import spconv.pytorch as spconv
 from spconv import _backend, constants
 from spconv.pytorch import _grouped
-from _reference import random_sparse
+from support.reference import random_sparse
 
 pytestmark = pytest.mark.hip_cpu
 
@@ -143,6 +143,7 @@ def _run(net, x):
     return out.features.detach(), feats.grad, {n: p.grad.clone() for n, p in net.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("force_native", [False, True])
 def test_network_routes_match_cpu(hip_cpu, force_native):
     """A net of grouped layers (depthwise, groups 2/4, 1x1, inverse) through a GPU route vs the CPU route."""

@@ -8,7 +8,7 @@ import torch
 
 from spconv import _backend
 from conftest import hip_cpu_library
-from _int8_reference import int8_conv_reference, random_table
+from support.int8_reference import int8_conv_reference, random_table
 from test_gpu_map_order import coords
 from test_hip_cpu_host_syncs import SYNCING_OPS
 
@@ -157,6 +157,7 @@ def test_path_names_the_body(hip_cpu):
 MATRIX_BODIES = {"mfma": "mfma_i8", "wmma": "mma_s8"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(MATRIX_BODIES))
 @pytest.mark.parametrize("cin,cout,kvol,rounds,act", [(3, 16, 27, 1, 0), (17, 17, 27, 1, 2), (64, 32, 27, 2, 1),
                                                       (40, 72, 8, 1, 0), (96, 128, 1, 2, 0), (128, 1, 1, 1, 2)])

@@ -68,6 +68,7 @@ def _by(rows, route, pass_name, kind=None):
     return [r for r in rows if r.route == route and r.pass_name == pass_name and (kind is None or r.kind == kind)]
 
 
+@pytest.mark.slow
 @pytest.mark.hip_cpu
 def test_rows_within_todays_budgets(rows):
     over = []
@@ -81,6 +82,7 @@ def test_rows_within_todays_budgets(rows):
     assert not over, "\n".join(over)
 
 
+@pytest.mark.slow
 @pytest.mark.hip_cpu
 @pytest.mark.parametrize("route", wl.ROUTES)
 def test_modules_add_up_to_the_network(rows, route):
@@ -103,6 +105,7 @@ def test_modules_add_up_to_the_network(rows, route):
         assert (fwd.tally.glue_copies, bwd.tally.glue_copies) == (subm_keys + pools, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.hip_cpu
 def test_map_rows_are_part_of_their_layer(rows):
     for route in wl.ROUTES:
@@ -172,6 +175,7 @@ def test_aten_launches_and_waits_from_a_profile():
     assert counts["aten_ms"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.hip_cpu
 def test_table_and_json_of_the_cli(tmp_path, hip_cpu, monkeypatch):
     """python -m spconv.benchmark --workloads ledger: the table (with the target column) and the JSON rows."""

@@ -110,6 +110,7 @@ def real_scan_crop():
     return spconv.SparseConvTensor(torch.from_numpy(feats[rows]), torch.from_numpy(idx), shape, 1)
 
 
+@pytest.mark.slow
 def test_basic_net_real_scan(hip_cpu):
     x = real_scan_crop()
     assert x.indices.shape[0] > 100
@@ -130,6 +131,7 @@ def synthetic_scan_voxels():
     return spconv.SparseConvTensor(feats.contiguous(), idx, [64, 64, 64], 1), (voxels, indices, num)
 
 
+@pytest.mark.slow
 def test_basic_net_synthetic_scan(hip_cpu):
     with _backend.gpu_code_on_cpu():
         x, gpu_vox = synthetic_scan_voxels()
@@ -140,6 +142,7 @@ def test_basic_net_synthetic_scan(hip_cpu):
     compare(basic_net(3), x)
 
 
+@pytest.mark.slow
 def test_unet_inverse_convs(hip_cpu):
     torch.manual_seed(0)
     x, _, _ = _scene(1, batch_size=1, shape=(17, 16, 16), n_objects=3)
@@ -224,6 +227,7 @@ def flat(res):
 _SIMT = {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["basic_crop", "unet"])
 @pytest.mark.parametrize("variant", ["wmma", "mfma", "sm80"])
 def test_network_fp16_emulated(variant, name):

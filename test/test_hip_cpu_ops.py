@@ -153,6 +153,7 @@ def native_f64(x, w, dy, m):
     return y, dx, dw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("case", FUSED_CASES, ids=["%s-%dx%d" % c for c in FUSED_CASES])
 @pytest.mark.parametrize("splits", [1, 2, 3])
@@ -221,6 +222,7 @@ def test_fused_empty_and_path():
 
 
 # ---- native GPU route: gather -> GEMM -> scatter-add ----
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
                          ids=["f32", "f64", "f16", "bf16"])
 @pytest.mark.parametrize("name,cin,cout", [("subm3", 40, 72), ("conv_s2", 13, 24), ("deconv", 8, 16),
@@ -244,6 +246,7 @@ def test_native_route(name, cin, cout, dtype):
 
 
 # ---- pooling: bit-exact against the CPU route on the same kernel map ----
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
                          ids=["f32", "f64", "f16", "bf16"])
 @pytest.mark.parametrize("name", ["conv_k2s2", "conv_s2", "subm3"])

@@ -56,6 +56,7 @@ def test_variant_reports_its_body(variant):
         assert ops.fused_conv_path(x.to(dtype)) == variant
 
 
+@pytest.mark.slow
 @DTYPES
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("variant", sorted(hip_cpu_build.VARIANTS))
@@ -67,6 +68,7 @@ def test_variant_fused_low_precision(variant, case, dtype):
         assert rel_err(g, ref) < TOL[dtype], "%s %s: relative error %g" % (variant, what, rel_err(g, ref))
 
 
+@pytest.mark.slow
 @DTYPES
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("variant, order", [(v, o) for v in EMULATED for o in ("ascending", "descending")]

@@ -1,4 +1,4 @@
-"""The CPU int8 kernels: quantized_conv equals the plain integer reference (test/_int8_reference.py) bit for bit
+"""The CPU int8 kernels: quantized_conv equals the plain integer reference (test/support/int8_reference.py) bit for bit
 on every instruction-set body and thread count, refuses bad arguments with an exception naming them, and
 indice_maxpool on int8 features equals the float max pool over the same map."""
 import os
@@ -11,7 +11,7 @@ import torch
 import spconv.pytorch  # noqa: F401  (loads the op library and the ops' fake kernels)
 from spconv import _backend
 from spconv.pytorch.ops import get_conv_output_size
-from _int8_reference import int8_conv_reference, random_table
+from support.int8_reference import int8_conv_reference, random_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = torch.ops.spconv
@@ -41,6 +41,7 @@ SHAPES = [(c, CHANNELS[(i + 3) % len(CHANNELS)], (1, 8, 27)[i % 3], 1 + i % 2) f
 SHAPES += [(c, c, 27, 1) for c in (16, 64, 128)] + [(5, 80, 27, 2), (256, 256, 8, 2), (64, 1, 27, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cin,cout,kvol,rounds", SHAPES, ids=lambda v: str(v))
 def test_matches_reference(cin, cout, kvol, rounds):
     nonzero = 0
@@ -183,6 +184,7 @@ def _cpu_flags():
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
 def test_every_isa_body_matches_the_reference(isa, tmp_path):
     env = dict(os.environ, SPCONV_CPU_ISA=isa)

@@ -132,6 +132,7 @@ def large_sites():
     return random_sites(150_000, [96, 96, 48], 2, 7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(len(LARGE)))
 def test_large_kernel_maps_same_for_any_thread_count(case, large_sites):
     ksize, stride, padding, subm, transpose = LARGE[case]

@@ -9,7 +9,7 @@ import spconv.pytorch as spconv
 from spconv.core import ConvAlgo
 from spconv.pytorch import functional as Fsp
 from spconv.pytorch import ops
-from _helpers_surface import gather_sites, make_sparse, with_features
+from support.surface import gather_sites, make_sparse, with_features
 
 
 def _subm(cin, cout, key="s1"):
@@ -149,8 +149,7 @@ def test_sparse_add_matches_dense_sum_with_gradients(fn):
         torch.testing.assert_close(f.grad, gather_sites(g, x.indices))
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no GPU"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_sparse_add_sums_in_operand_order_bitwise(device):
     # Overlapping operands, one with a repeated coordinate: every output is the sum of its contributors in
     # stacked-row order (largest operand first), the order CPU index_add uses; CUDA's atomics would not fix it.

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import spconv.pytorch as spconv_pt
-from _reference import random_sparse
+from support.reference import random_sparse
 from test_determinism import _net
 
 REGIONS, WAITED, STARTED_ALONE, FINISHED_ALONE, BUDGET_NS = range(5)
@@ -48,6 +48,7 @@ def _run(net, x, budget_ns):
 
 # 1 ms: the large layers' regions run a few tasks alone and hand the rest to the parallel region; 50 ms: the
 # whole region runs on the caller (the small layers of a busy machine).
+@pytest.mark.slow
 @pytest.mark.parametrize("budget_ns", [1_000_000, 50_000_000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_bitwise_when_regions_start_on_the_caller(budget_ns, dtype):
@@ -171,6 +172,7 @@ def _budget_in_process_with(value):
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_serial_start_can_be_switched_off():
     # SPCONV_CPU_SERIAL_START=0 (read once per process): every region parallel from its start, whatever waited.
     off, on = _budget_in_process_with("0"), _budget_in_process_with("1")
@@ -178,6 +180,7 @@ def test_serial_start_can_be_switched_off():
     assert on.returncode == 0 and int(on.stdout) > 0
 
 
+@pytest.mark.slow
 def test_bad_serial_start_value_names_the_variable():
     bad = _budget_in_process_with("off")
     assert bad.returncode != 0

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import spconv.pytorch as spconv
 from spconv.pytorch.pool import SparseMaxPool
-from _helpers_surface import gather_sites, make_sparse, occupancy, with_features
+from support.surface import gather_sites, make_sparse, occupancy, with_features
 
 _MAXPOOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}

@@ -19,7 +19,7 @@ from spconv.pytorch.quantization.quantized import SparseConv as QSparseConv
 from spconv.pytorch.quantization.quantized.reference import SpConv as RefSpConv
 from spconv.pytorch.quantization.utils import fuse_spconv_act_eval, fuse_spconv_bn_eval
 
-from _int8_reference import int8_conv_reference
+from support.int8_reference import int8_conv_reference
 from spconv.benchmark.quant_models import (FusibleBlock, ResidualNet, UnfusibleBlock, VoxelBackBone8x, image_batch,
                                            ptq, qat, random_scene, train_a_little)
 
@@ -87,6 +87,7 @@ def trained_residual_net(block, seed: int, n_batches: int, steps: int):
 
 
 # ---- the documented workflow ----
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [FusibleBlock, UnfusibleBlock])
 def test_ptq_workflow_residual_net(block):
     net, batches = trained_residual_net(block, 1, 4, 3)
@@ -111,6 +112,7 @@ def test_ptq_fused_residual_reads_int8_residual():
     assert all(a.op != "call_method" or a.target != "dequantize" for a in add_nodes[0].args)
 
 
+@pytest.mark.slow
 def test_ptq_voxel_backbone_per_layer_error():
     """OpenPCDet-style VoxelBackBone8x, a few optimizer steps, calibrated on a few scenes: every layer's int8
     output within 8% of FP32 here (2-7% measured; the benchmark reports the real scan's figures)."""
@@ -138,6 +140,7 @@ def test_ptq_voxel_backbone_per_layer_error():
     assert max(errs.values()) < 0.04, errs  # end to end: 0.6-2.9% measured
 
 
+@pytest.mark.slow
 def test_best_int8_error():
     g = gen(9)
     grid = torch.randint(-127, 128, (1000,), generator=g).float() * 0.1  # exactly representable at scale 0.1
@@ -150,6 +153,7 @@ def test_best_int8_error():
     assert best_int8_error(torch.zeros(5)) == 0.0
 
 
+@pytest.mark.slow
 def test_qat_workflow_recovers():
     net, batches = trained_residual_net(FusibleBlock, 4, 6, 3)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import spconv.pytorch as spconv
-from _reference import dense_reference, random_sparse
+from support.reference import dense_reference, random_sparse
 
 ops = torch.ops.spconv
 SHAPE = [12, 11, 10]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import spconv.pytorch as spconv
-from _reference import random_sparse
+from support.reference import random_sparse
 
 
 def _model():

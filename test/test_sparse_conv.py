@@ -18,7 +18,7 @@ import torch
 
 import spconv.pytorch as spconv
 from spconv import _backend, constants
-from _reference import dense_reference, low_precision_ok, random_sparse
+from support.reference import dense_reference, low_precision_ok, random_sparse
 from conftest import hip_cpu_library
 
 SHAPE = [9, 8, 7]
@@ -37,9 +37,8 @@ REL_FP64 = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 DEVICES = [
     "cpu",
-    pytest.param("hip_cpu", marks=pytest.mark.hip_cpu),
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                  reason="needs a CUDA or ROCm GPU (hip_cpu runs the same code)")),
+    pytest.param("hip_cpu", marks=[pytest.mark.hip_cpu, pytest.mark.slow]),  # every GPU thread a fiber: seconds a case
+    pytest.param("cuda", marks=pytest.mark.gpu),  # skipped without a GPU (conftest); hip_cpu runs the same code
 ]
 
 

@@ -17,7 +17,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data", "spconv238_facts.json")
-WORKER = os.path.join(HERE, "reference_worker.py")
+WORKER = os.path.join(HERE, "support", "reference_worker.py")
 
 # Keyword-only parameters this package adds after spconv's own (a positional call means what it means there).
 # groups: keyword-only on the inverse convs, whose spconv 2.x signature lacks it (the other convs have it).

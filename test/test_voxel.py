@@ -8,7 +8,7 @@ from spconv.pytorch.utils import PointToVoxel, calc_point2voxel_meta_data, gathe
 from spconv.utils import Point2VoxelCPU1d, Point2VoxelCPU3d, Point2VoxelCPU4d
 
 GPU = torch.cuda.is_available() and backend.has_gpu_kernels()
-needs_gpu = pytest.mark.skipif(not GPU, reason="needs a GPU and the extension built with GPU kernels")
+needs_gpu = pytest.mark.gpu  # skipped without a GPU (conftest)
 
 
 def reference(pc, vsize_xyz, range_xyz, max_voxels, max_points, empty_mean=False):

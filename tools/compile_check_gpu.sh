@@ -52,16 +52,23 @@ else
   exit 1
 fi
 
-run_one() {
+run_one() {  # prints ok/FAIL with the job's wall and CPU seconds (where the check's time goes)
   local tool=$1 file=$2
   shift 2
-  local log
+  local log t0 rc cpu
   log=$(mktemp)
-  if "$@" >"$log" 2>&1; then
-    echo "ok   $tool $file"
+  t0=$(date +%s.%N)
+  # `times` in the subshell: the user and system time of the command it ran (its children's line)
+  ( "$@" >"$log" 2>&1; rc=$?; times >"$log.cpu"; exit $rc )
+  rc=$?
+  cpu=$(tail -1 "$log.cpu" | sed 's/m/ /g; s/s//g' | awk '{ printf "%.0f", 60 * $1 + $2 + 60 * $3 + $4 }')
+  local took="($(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }') s, cpu $cpu s)"
+  rm -f "$log.cpu"
+  if [ $rc -eq 0 ]; then
+    echo "ok   $tool $file $took"
     rm -f "$log"
   else
-    echo "FAIL $tool $file"
+    echo "FAIL $tool $file $took"
     sed 's/^/    /' "$log" | head -60
     rm -f "$log"
     return 1

@@ -27,7 +27,7 @@ def main():
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
-    from _launch_counts import count
+    from support.launch_counts import count
     from conftest import hip_cpu_library
     import spconv.pytorch as spconv
     from spconv import _backend

@@ -8,9 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q "torch==2.13.0"
-# import name:pip name. tqdm and matplotlib give the benchmark its progress bar and plot.
+# import name:pip name. pytest-xdist runs the tests on every CPU (tools/test.sh); tqdm and matplotlib give the
+# benchmark its progress bar and plot.
 for pkg in numpy:numpy pytest:pytest hypothesis:hypothesis ninja:ninja setuptools:setuptools wheel:wheel \
-           tqdm:tqdm matplotlib:matplotlib; do
+           xdist:pytest-xdist tqdm:tqdm matplotlib:matplotlib; do
   $PY -c "import ${pkg%%:*}" 2>/dev/null || $PY -m pip install -q "${pkg##*:}"
 done
 # oneTBB for the HIP CPU build that runs csrc/hip on the CPU in the tests (tools/hip_cpu_build.py looks in this

@@ -55,6 +55,6 @@ class EveryLayer(nn.Module):
 
 
 def inputs(seed, density):
-    from _reference import random_sparse
+    from support.reference import random_sparse
     x = random_sparse(3, SHAPE, BATCH, 3, density=density, seed=seed)
     return x.features, x.indices
