@@ -5,6 +5,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests import support.* and each other
+# The launch counts profile thousands of calls; kineto would print two lines per profile.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 # ---- hypothesis: a short, reproducible profile for CI; `pytest --hypothesis-profile=long` for deep runs ----
 try:

@@ -25,8 +25,10 @@ BUDGETS = {
     # (dfilter, mirrored dinput) and never reads the pairs
     ("fused", "subm_build", "backward"): (4, 0),
     ("fused", "strided_map", "forward"): (6, 1),
-    ("fused", "strided_build", "forward"): (16, 1),
-    ("fused", "strided_build", "backward"): (8, 0),  # the first backward makes the dinput table's masks and order
+    # its map, the fused tables' masks and order, the dinput table's (made here when the input needs a gradient,
+    # so that the first backward is the backward op's launches alone), the conv
+    ("fused", "strided_build", "forward"): (17, 1),
+    ("fused", "strided_build", "backward"): (4, 0),
     ("fused", "strided_cached", "forward"): (2, 0),
     ("fused", "strided_cached", "backward"): (4, 0),
     ("fused", "pool_map", "forward"): (6, 1),
@@ -34,9 +36,10 @@ BUDGETS = {
     ("fused", "pool_build", "backward"): (1, 0),
     ("fused", "pool_cached", "forward"): (1, 0),
     ("fused", "pool_cached", "backward"): (1, 0),
-    ("fused", "network_map", "forward"): (71, 6),
-    ("fused", "network", "forward"): (153, 6),
-    ("fused", "network", "backward"): (254, 7),
+    # each pool's map read also carries the statuses of the SubM maps before it (one concatenation each)
+    ("fused", "network_map", "forward"): (77, 6),
+    ("fused", "network", "forward"): (123, 6),
+    ("fused", "network", "backward"): (61, 0),
     ("native", "subm_map", "forward"): (3, 0),
     ("native", "subm_build", "forward"): (95, 1),
     ("native", "subm_cached", "forward"): (83, 0),
@@ -48,13 +51,13 @@ BUDGETS = {
     ("native", "strided_cached", "forward"): (83, 0),
     ("native", "strided_cached", "backward"): (192, 0),
     ("native", "pool_map", "forward"): (6, 1),
-    ("native", "pool_build", "forward"): (9, 1),  # its map, the out table once (a fill, a transpose), the pool
+    ("native", "pool_build", "forward"): (9, 1),
     ("native", "pool_build", "backward"): (1, 0),
     ("native", "pool_cached", "forward"): (1, 0),
     ("native", "pool_cached", "backward"): (1, 0),
     ("native", "network_map", "forward"): (57, 6),
-    ("native", "network", "forward"): (1228, 13),
-    ("native", "network", "backward"): (2496, 0),
+    ("native", "network", "forward"): (1192, 13),
+    ("native", "network", "backward"): (2442, 0),
 }
 
 

@@ -14,11 +14,15 @@
   glue's and the Python layers' time, what a GPU would not hide. Noisy on a busy machine.
 """
 import contextlib
+import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
+
+# Every module is counted under the profiler; kineto would print two lines per profile around the table.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 # ATen ops that wait for the device (a value or a result size read on the host). aten::_local_scalar_dense is
 # every .item() / int(t) / bool(t).
@@ -145,6 +149,11 @@ class Ledger:
         self.namespace = lib.name
         self._scopes: Dict[str, list] = {}
 
+    def settle(self):
+        """Reads the checks still pending from earlier calls (submanifold maps' statuses wait for the next host
+        read), so that a count or a time holds the work of its own call only."""
+        self.debug.debug_check_pending_maps()
+
     def _read(self):
         launches, body_ns = self.debug.debug_launch_ledger()
         return launches, body_ns, self.debug.host_copy_count(), time.perf_counter_ns()
@@ -163,6 +172,7 @@ class Ledger:
         """Runs ``fn`` once under the profiler: the tally of the call and of each scope entered in it."""
         from torch.profiler import ProfilerActivity, profile
         self._scopes = {}
+        self.settle()
         l0, _, c0, _ = self._read()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             result = fn()
@@ -182,6 +192,7 @@ class Ledger:
     def time(self, fn: Callable[[], object]) -> Tuple[Tuple[float, float], Dict[str, Tuple[float, float]], object]:
         """Runs ``fn`` once without the profiler: (wall ms, ms inside launch_kernel) of the call and per scope."""
         self._scopes = {}
+        self.settle()
         _, b0, _, t0 = self._read()
         result = fn()
         _, b1, _, t1 = self._read()

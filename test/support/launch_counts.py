@@ -38,6 +38,7 @@ def count(lib, fn):
     """Counts of one call of fn() (see the module docstring)."""
     ns = lib.name
     debug = debug_library(lib)
+    debug.debug_check_pending_maps()  # earlier calls' deferred checks are not this call's work
     k0 = debug.debug_launch_ledger()[0]
     h0 = debug.host_copy_count()
     with torch.profiler.profile() as prof:

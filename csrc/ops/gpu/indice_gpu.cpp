@@ -14,6 +14,7 @@
 #include "../op_library.h"
 #include "gpu_common.h"
 #include "subm_map.h"
+#include "subm_pending.h"
 
 namespace spconv {
 namespace ops {
@@ -68,9 +69,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                "conv_map_insert");
   check_launch(gpu::conv_map_flags(ord, n, kvol, b, stream), "conv_map_flags");
   const at::Tensor scan = visits > 0 ? at::cumsum(flags, 0) : flags;
-  // The map's one host read; the checks in the order the CPU route raises.
-  const at::Tensor host = to_host(status);
+  // The map's one host read, which also carries the statuses of the SubM maps built since the last one
+  // (subm_pending.h); their errors first (those layers ran first), then this map's in the CPU route's order.
+  const PendingSubmRows pending = take_pending_subm(indices.device());
+  const at::Tensor host = to_host(pending.statuses.defined() ? at::cat({status, pending.statuses}) : status);
   const int64_t* h = host.const_data_ptr<int64_t>();
+  check_subm_statuses(pending, h + gpu::kMapCounts + kvol);
   if (h[gpu::kMapBadRow] != LLONG_MAX) {
     check_coordinates(to_host(indices).contiguous(), batch_size, g);  // raises, naming the first bad row
     TORCH_CHECK(false, "get_indice_pairs: indices row ", h[gpu::kMapBadRow], " lies outside the grid");

@@ -1,7 +1,8 @@
 // GPU glue of the submanifold kernel map: three kernels (subm_map.cu) and, for the fused route, one sort of the
 // row masks; no host read. The pairs, which the native route and the backward need on the host's terms (their
 // count), are compacted from the table by subm_map_pairs when first asked for (spconv/pytorch/core.py PairMaps),
-// with the map's one device->host copy, which also carries the device's checks of the indices.
+// with the map's one device->host copy, which also carries the device's checks of the indices; a map whose pairs
+// are never read is checked at the next regular or pooling map's host read (subm_pending.h).
 #include "subm_map.h"
 
 #include <torch/library.h>
@@ -14,6 +15,7 @@
 #include "../op_library.h"
 #include "gpu_common.h"
 #include "map_common.h"
+#include "subm_pending.h"
 
 namespace spconv {
 namespace ops {
@@ -27,7 +29,7 @@ SubmMap build_subm_map(const at::Tensor& indices, int64_t batch_size, const Conv
   const int64_t cap = gpu::hash_capacity(n);
   at::Tensor hkeys = at::empty({cap}, lopts), hvals = at::empty({cap}, iopts);
   SubmMap m{at::empty({n, kvol}, iopts), at::empty({num_splits, n}, iopts), at::Tensor(), at::empty({kvol + 1}, lopts),
-            at::empty({gpu::kSubmStatusSize}, iopts)};
+            subm_status_row(indices, batch_size, g)};
   at::Tensor sort_keys = at::empty({num_splits, n}, lopts);
   gpu::SubmMapBuffers b{hkeys.mutable_data_ptr<int64_t>(),
                         hvals.mutable_data_ptr<int32_t>(),
@@ -56,6 +58,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> subm_pairs_of(const at::Tensor& i
   const int64_t n = indices.size(0), kvol = g.kvol;
   const at::Tensor host = to_host(at::cat({status.to(at::kLong), offsets}));
   const int64_t* h = host.const_data_ptr<int64_t>();
+  forget_subm_status(status);  // checked here, not at a later map's read
   // In the CPU route's order: coordinates (naming the first bad row), then duplicates.
   if (h[gpu::kSubmBadRow] != INT32_MAX) check_coordinates(to_host(indices).contiguous(), batch_size, g);
   TORCH_CHECK(h[gpu::kSubmFull] == 0, "get_indice_pairs: the coordinate hash table is full");
