@@ -5,6 +5,8 @@ GPU thread is a fiber here."""
 import pytest
 import torch
 
+from spconv import _backend
+
 from conftest import THREAD_ORDERS, thread_order
 from test_fused_cpu import Maps, map_geometry, random_coords, sorted_pairs
 
@@ -221,7 +223,7 @@ def test_fused_empty_and_path():
         assert ops.fused_conv_path(torch.zeros(1, dtype=dt)) == "simt"  # no matrix cores on the host
 
 
-# ---- native GPU route: gather -> GEMM -> scatter-add ----
+# ---- native GPU route: gather -> GEMM -> sum by position ----
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
                          ids=["f32", "f64", "f16", "bf16"])
@@ -243,6 +245,30 @@ def test_native_route(name, cin, cout, dtype):
     for what, got, r in zip(("forward", "dinput", "dfilter"), (y, dx, dw), ref):
         assert got.dtype == dtype and got.shape == r.shape, what
         assert rel_err(got, r) < tol, "%s: relative error %g" % (what, rel_err(got, r))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+def test_native_route_chunks_same_bits(dtype):
+    """The native route gathers every pair at once, or runs of whole offsets where the buffers would be large,
+    and sums each row's products in offset order either way: the same bits, forward, dinput and dfilter."""
+    idx, res, _ = both_maps("subm3")
+    m = as_maps(res, idx.shape[0])
+    x, w, dy = fused_inputs(m, 24, 40, dtype)
+    ops = hip_ops()
+    debug = _backend.debug_library(ops)
+
+    def run():
+        return (ops.indice_conv(x, w, m.pair_in, m.pair_out, m.pair_offsets, m.num_out),
+                *ops.indice_conv_backward(x, w, dy, m.pair_in, m.pair_out, m.pair_offsets))
+
+    whole = run()
+    old = debug.debug_native_chunk_rows(1)  # chunks of the fewest whole offsets that hold the largest one
+    try:
+        chunked = run()
+    finally:
+        debug.debug_native_chunk_rows(old)
+    for what, a, b in zip(("forward", "dinput", "dfilter"), whole, chunked):
+        assert torch.equal(a, b), what
 
 
 # ---- pooling: bit-exact against the CPU route on the same kernel map ----

@@ -77,7 +77,7 @@ int subm_map_insert(const int32_t* indices, int64_t n, const ConvGeometry& g, in
 int subm_map_probe(const int32_t* indices, int64_t n, const ConvGeometry& g, int64_t batch_size, bool mirrored,
                    const SubmMapBuffers& b, void* stream);
 
-// ---- native route: gather -> vendor GEMM (ATen) -> scatter-add ----
+// ---- native route: gather -> vendor GEMM (ATen) -> scatter-add (grouped) or sum by position ----
 // dst[r, :] = src[idx[r], :] for r < m; src and dst of dtype t, c channels, row-major contiguous.
 int gather_rows(DType t, const void* src, int64_t c, const int32_t* idx, int64_t m, void* dst, void* stream);
 // acc[idx[r], :] += src[r, :]; idx must not repeat within one call (no atomics): maps that repeat a row at one
@@ -85,6 +85,23 @@ int gather_rows(DType t, const void* src, int64_t c, const int32_t* idx, int64_t
 // acc is F32 or F64.
 int scatter_add_rows(DType src_t, const void* src, int64_t c, const int32_t* idx, int64_t m, DType acc_t,
                      void* acc, void* stream);
+// pos [n_dst, kvol] int32, -1 on entry: pos[dst[p], k] = p - offsets[k] for each pair p of offset k (offsets
+// [kvol + 1] int64 on the device). A row must not repeat within one offset (the per-offset sums hold one pair
+// per (row, offset)): maps that repeat one (duplicate coordinates) are split into rounds by the caller
+// (spconv/pytorch/pair_rounds.py).
+int pair_positions(const int32_t* dst, const int64_t* offsets, int64_t kvol, int64_t npairs, int32_t* pos,
+                   void* stream);
+// The products of offsets [k0, k1) as rows of src (pair p at row p - base) summed into acc [n_dst, c] by
+// position, offsets ascending: acc = (accumulate ? acc : 0) + products, the per-offset scatter-add's bits.
+struct RowSums {
+  const int32_t* pos;      // pair_positions' table
+  const int64_t* offsets;  // [kvol + 1] on the device
+  int64_t kvol, k0, k1, base, n_dst;
+  bool accumulate;
+};
+// src of dtype src_t; acc is F32 or F64.
+int sum_rows_by_position(DType src_t, const void* src, int64_t c, const RowSums& r, DType acc_t, void* acc,
+                         void* stream);
 
 // ---- fused route ----
 // nbr [num_rows, kvol] must hold -1; sets nbr[pair_out[p] * kvol + k(p)] = pair_in[p]. *repeated (one int32,

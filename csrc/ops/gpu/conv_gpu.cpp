@@ -1,11 +1,12 @@
-// GPU implementation of the native convolution route: per kernel offset, gather rows -> at::mm
-// (cuBLAS / hipBLAS, FP32 output for 16-bit inputs) -> scatter-add into an fp32 (fp64 for double)
-// accumulator. Offsets run in order
-// on one stream, and within an offset a row appears once, so the scatter-add needs no atomics.
+// GPU implementation of the native convolution route: the pairs' rows gathered, one vendor GEMM per kernel offset
+// (cuBLAS / hipBLAS, FP32 output for 16-bit inputs), and the products summed into each output row in offset order
+// by a position table (gather_scatter.cu): the per-offset scatter-add's bits, with a launch per offset (its GEMM)
+// and a few per layer. Within an offset a row appears once, so the sums need no atomics.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "../checks.h"
 #include "../op_library.h"
@@ -20,7 +21,7 @@ at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDoubl
 // out = a @ b accumulated and returned in out's dtype (FP32 for 16-bit a and b, never rounded to 16 bits in
 // between, as on the CPU and fused routes). GPUs: the vendor GEMM reads 16-bit operands and writes FP32
 // (mm.dtype_out). CPU tensors (the HIP CPU test build) have no such kernel: the operands are widened first.
-void mm_acc(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+void mm_acc(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() == out.scalar_type())
     at::mm_out(out, a, b);
   else if (a.is_cpu())
@@ -29,30 +30,82 @@ void mm_acc(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
     at::mm_out(out, a, b, out.scalar_type());
 }
 
-// acc[scatter[p]] += src[gather[p]] @ (transpose_w ? W[k]^T : W[k]) over the pairs of each offset.
-void gather_mm_scatter(const at::Tensor& src, const at::Tensor& w, bool transpose_w, const at::Tensor& gather,
-                       const at::Tensor& scatter, const at::Tensor& offsets_cpu, at::Tensor& acc, void* stream) {
+// Rows gathered at once: every pair where they fit in this many bytes of buffers, else runs of whole offsets
+// holding at least the largest offset's pairs. 0: the default; debug_native_chunk_rows sets a row count (tests).
+constexpr int64_t kChunkBytes = int64_t{256} << 20;
+std::atomic<int64_t> chunk_rows_override{0};
+
+int64_t chunk_rows(int64_t max_count, int64_t row_bytes) {
+  const int64_t forced = chunk_rows_override.load(std::memory_order_relaxed);
+  return std::max(max_count, forced > 0 ? forced : kChunkBytes / std::max<int64_t>(row_bytes, 1));
+}
+
+// Calls f(k0, k1) for runs of whole offsets [k0, k1) with at most `limit` pairs (>= every offset's count).
+template <typename F>
+void for_each_chunk(const int64_t* po, int64_t kvol, int64_t limit, F f) {
+  for (int64_t k0 = 0; k0 < kvol;) {
+    int64_t k1 = k0 + 1;
+    while (k1 < kvol && po[k1 + 1] - po[k0] <= limit) ++k1;
+    f(k0, k1);
+    k0 = k1;
+  }
+}
+
+int64_t max_pairs(const int64_t* po, int64_t kvol) {
+  int64_t m = 0;
+  for (int64_t k = 0; k < kvol; ++k) m = std::max(m, po[k + 1] - po[k]);
+  return m;
+}
+
+// The position table of the rows products are summed into: pos[row, k] = the pair's index within offset k.
+at::Tensor pair_position_table(const at::Tensor& dst, const at::Tensor& offsets_dev, int64_t n_dst, int64_t kvol,
+                               void* stream) {
+  at::Tensor pos = at::full({n_dst, kvol}, -1, dst.options());
+  check_launch(gpu::pair_positions(dst.const_data_ptr<int32_t>(), offsets_dev.const_data_ptr<int64_t>(), kvol,
+                                   dst.size(0), pos.mutable_data_ptr<int32_t>(), stream),
+               "pair_positions");
+  return pos;
+}
+
+void sum_chunk(const at::Tensor& products, const at::Tensor& pos, const at::Tensor& offsets_dev, int64_t k0,
+               int64_t k1, int64_t base, bool accumulate, at::Tensor& acc, void* stream) {
+  const gpu::RowSums r{pos.const_data_ptr<int32_t>(), offsets_dev.const_data_ptr<int64_t>(), pos.size(1), k0, k1,
+                       base, acc.size(0), accumulate};
+  check_launch(gpu::sum_rows_by_position(gpu_dtype(products.scalar_type()), products.const_data_ptr(), acc.size(1),
+                                         r, gpu_dtype(acc.scalar_type()), acc.mutable_data_ptr(), stream),
+               "sum_rows_by_position");
+}
+
+// acc = sum over the pairs of src[gather[p]] @ (transpose_w ? W[k]^T : W[k]) into row scatter[p].
+void gather_mm_sum(const at::Tensor& src, const at::Tensor& w, bool transpose_w, const at::Tensor& gather,
+                   const at::Tensor& scatter, const at::Tensor& offsets_cpu, const at::Tensor& offsets_dev,
+                   at::Tensor& acc, void* stream) {
   const int64_t kvol = w.size(0), c_src = src.size(1), c_dst = acc.size(1);
   const int64_t* po = offsets_cpu.const_data_ptr<int64_t>();
-  int64_t max_count = 0;
-  for (int64_t k = 0; k < kvol; ++k) max_count = std::max(max_count, po[k + 1] - po[k]);
-  if (max_count == 0 || c_dst == 0) return;
-  const auto dt = gpu_dtype(src.scalar_type());
-  at::Tensor a = at::empty({max_count, c_src}, src.options());
-  at::Tensor o = at::empty({max_count, c_dst}, src.options().dtype(acc.scalar_type()));
-  const int32_t* g = gather.const_data_ptr<int32_t>();
-  const int32_t* s = scatter.const_data_ptr<int32_t>();
-  for (int64_t k = 0; k < kvol; ++k) {
-    const int64_t b = po[k], m = po[k + 1] - b;
-    if (m == 0) continue;
-    at::Tensor am = a.narrow(0, 0, m), om = o.narrow(0, 0, m);
-    check_launch(gpu::gather_rows(dt, src.const_data_ptr(), c_src, g + b, m, am.mutable_data_ptr(), stream),
-                 "gather_rows");
-    mm_acc(om, am, transpose_w ? w[k].t() : w[k]);
-    check_launch(gpu::scatter_add_rows(gpu_dtype(om.scalar_type()), om.const_data_ptr(), c_dst, s + b, m,
-                                       gpu_dtype(acc.scalar_type()), acc.mutable_data_ptr(), stream),
-                 "scatter_add_rows");
+  const int64_t max_count = max_pairs(po, kvol);
+  if (max_count == 0 || c_dst == 0) {
+    acc.zero_();
+    return;
   }
+  const auto dt = gpu_dtype(src.scalar_type());
+  const int64_t limit = chunk_rows(max_count, c_src * src.element_size() + c_dst * acc.element_size());
+  const int64_t rows = std::min(limit, po[kvol]);
+  at::Tensor a = at::empty({rows, c_src}, src.options());
+  at::Tensor o = at::empty({rows, c_dst}, src.options().dtype(acc.scalar_type()));
+  const at::Tensor pos = pair_position_table(scatter, offsets_dev, acc.size(0), kvol, stream);
+  bool accumulate = false;
+  for_each_chunk(po, kvol, limit, [&](int64_t k0, int64_t k1) {
+    const int64_t base = po[k0], m = po[k1] - base;
+    check_launch(gpu::gather_rows(dt, src.const_data_ptr(), c_src, gather.const_data_ptr<int32_t>() + base, m,
+                                  a.mutable_data_ptr(), stream),
+                 "gather_rows");
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t at_row = po[k] - base, mk = po[k + 1] - po[k];
+      if (mk > 0) mm_acc(o.narrow(0, at_row, mk), a.narrow(0, at_row, mk), transpose_w ? w[k].t() : w[k]);
+    }
+    sum_chunk(o, pos, offsets_dev, k0, k1, base, accumulate, acc, stream);
+    accumulate = true;
+  });
 }
 
 at::Tensor indice_conv_gpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& pair_in,
@@ -65,10 +118,10 @@ at::Tensor indice_conv_gpu(const at::Tensor& features, const at::Tensor& filters
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous();
-  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), num_out, map_info).offsets;
-  at::Tensor acc = at::zeros({num_out, filters.size(2)}, x.options().dtype(acc_type(x.scalar_type())));
-  if (x.size(0) > 0) gather_mm_scatter(x, w, /*transpose_w=*/false, pin, pout, po, acc, stream);
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po_dev = pair_offsets.contiguous();
+  at::Tensor po = check_pair_rows(pin, pout, po_dev, x.size(0), num_out, map_info).offsets;
+  at::Tensor acc = at::empty({num_out, filters.size(2)}, x.options().dtype(acc_type(x.scalar_type())));
+  gather_mm_sum(x, w, /*transpose_w=*/false, pin, pout, po, po_dev, acc, stream);
   return acc.to(features.scalar_type());
 }
 
@@ -81,34 +134,53 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
   at::Tensor x = features.contiguous(), w = filters.contiguous(), dy = out_grad.contiguous();
-  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous();
-  at::Tensor po = check_pair_rows(pin, pout, pair_offsets, x.size(0), dy.size(0), map_info).offsets;
+  at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po_dev = pair_offsets.contiguous();
+  at::Tensor po = check_pair_rows(pin, pout, po_dev, x.size(0), dy.size(0), map_info).offsets;
   const int64_t kvol = w.size(0), cin = w.size(1), cout = w.size(2);
-  at::Tensor dx_acc = at::zeros({x.size(0), cin}, x.options().dtype(acc_type(x.scalar_type())));
-  if (dy.size(0) > 0) gather_mm_scatter(dy, w, /*transpose_w=*/true, pout, pin, po, dx_acc, stream);
-  at::Tensor dw = at::zeros({kvol, cin, cout}, w.options());
+  const auto acc_t = acc_type(x.scalar_type());
+  at::Tensor dx_acc = at::empty({x.size(0), cin}, x.options().dtype(acc_t));
+  // dfilter accumulates in FP32 (FP64) and is rounded once; offsets without pairs stay zero.
+  at::Tensor dw_acc = at::zeros({kvol, cin, cout}, w.options().dtype(acc_t));
   const int64_t* pop = po.const_data_ptr<int64_t>();
-  int64_t max_count = 0;
-  for (int64_t k = 0; k < kvol; ++k) max_count = std::max(max_count, pop[k + 1] - pop[k]);
-  if (max_count > 0 && cin > 0 && cout > 0) {
-    const auto dt = gpu_dtype(x.scalar_type());
-    at::Tensor a = at::empty({max_count, cin}, x.options()), b = at::empty({max_count, cout}, x.options());
-    at::Tensor dwk_acc = at::empty({cin, cout}, x.options().dtype(acc_type(x.scalar_type())));
-    for (int64_t k = 0; k < kvol; ++k) {
-      const int64_t s = pop[k], m = pop[k + 1] - s;
-      if (m == 0) continue;
-      at::Tensor am = a.narrow(0, 0, m), bm = b.narrow(0, 0, m);
-      check_launch(gpu::gather_rows(dt, x.const_data_ptr(), cin, pin.const_data_ptr<int32_t>() + s, m,
-                                    am.mutable_data_ptr(), stream),
-                   "gather_rows");
-      check_launch(gpu::gather_rows(dt, dy.const_data_ptr(), cout, pout.const_data_ptr<int32_t>() + s, m,
-                                    bm.mutable_data_ptr(), stream),
-                   "gather_rows");
-      mm_acc(dwk_acc, am.t(), bm);
-      dw[k].copy_(dwk_acc);  // rounded once
-    }
+  const int64_t max_count = max_pairs(pop, kvol);
+  if (max_count == 0 || cin == 0) {
+    dx_acc.zero_();
+    return {dx_acc.to(features.scalar_type()), dw_acc.to(w.scalar_type())};
   }
-  return {dx_acc.to(features.scalar_type()), dw};
+  // One gather of the output gradient's rows serves dinput and dfilter.
+  const auto dt = gpu_dtype(x.scalar_type());
+  const int64_t limit = chunk_rows(max_count, (cout + cin) * x.element_size() + cin * dx_acc.element_size());
+  const int64_t rows = std::min(limit, pop[kvol]);
+  at::Tensor g_dy = at::empty({rows, cout}, x.options()), g_x = at::empty({rows, cin}, x.options());
+  at::Tensor o = at::empty({rows, cin}, x.options().dtype(acc_t));
+  const at::Tensor pos = pair_position_table(pin, po_dev, x.size(0), kvol, stream);
+  bool accumulate = false;
+  for_each_chunk(pop, kvol, limit, [&](int64_t k0, int64_t k1) {
+    const int64_t base = pop[k0], m = pop[k1] - base;
+    check_launch(gpu::gather_rows(dt, dy.const_data_ptr(), cout, pout.const_data_ptr<int32_t>() + base, m,
+                                  g_dy.mutable_data_ptr(), stream),
+                 "gather_rows");
+    check_launch(gpu::gather_rows(dt, x.const_data_ptr(), cin, pin.const_data_ptr<int32_t>() + base, m,
+                                  g_x.mutable_data_ptr(), stream),
+                 "gather_rows");
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t at_row = pop[k] - base, mk = pop[k + 1] - pop[k];
+      if (mk == 0) continue;
+      const at::Tensor dyk = g_dy.narrow(0, at_row, mk);
+      if (cout > 0) mm_acc(o.narrow(0, at_row, mk), dyk, w[k].t());
+      mm_acc(dw_acc[k], g_x.narrow(0, at_row, mk).t(), dyk);
+    }
+    if (cout > 0) sum_chunk(o, pos, po_dev, k0, k1, base, accumulate, dx_acc, stream);
+    accumulate = true;
+  });
+  if (cout == 0) dx_acc.zero_();
+  return {dx_acc.to(features.scalar_type()), dw_acc.to(w.scalar_type())};
+}
+
+// Tests: the rows one chunk of the native route gathers (0: the default, sized by bytes); returns the old value.
+int64_t debug_native_chunk_rows(int64_t rows) {
+  TORCH_CHECK_VALUE(rows >= 0, "rows must be >= 0, got ", rows);
+  return chunk_rows_override.exchange(rows);
 }
 
 }  // namespace
@@ -117,6 +189,8 @@ SPCONV_GPU_IMPL(m) {
   m.impl("indice_conv", &indice_conv_gpu);
   m.impl("indice_conv_backward", &indice_conv_backward_gpu);
 }
+
+SPCONV_DEBUG_SCHEMA_FRAGMENT(m) { m.def("debug_native_chunk_rows(int rows) -> int", &debug_native_chunk_rows); }
 
 }  // namespace ops
 }  // namespace spconv
