@@ -57,6 +57,14 @@ int64_t max_pairs(const int64_t* po, int64_t kvol) {
   return m;
 }
 
+// dst[0, m) = the rows of src named by idx[base, base + m).
+void gather_pair_rows(const at::Tensor& src, const at::Tensor& idx, int64_t base, int64_t m, at::Tensor& dst,
+                      void* stream) {
+  check_launch(gpu::gather_rows(gpu_dtype(src.scalar_type()), src.const_data_ptr(), src.size(1),
+                                idx.const_data_ptr<int32_t>() + base, m, dst.mutable_data_ptr(), stream),
+               "gather_rows");
+}
+
 // The position table of the rows products are summed into: pos[row, k] = the pair's index within offset k.
 at::Tensor pair_position_table(const at::Tensor& dst, const at::Tensor& offsets_dev, int64_t n_dst, int64_t kvol,
                                void* stream) {
@@ -87,7 +95,6 @@ void gather_mm_sum(const at::Tensor& src, const at::Tensor& w, bool transpose_w,
     acc.zero_();
     return;
   }
-  const auto dt = gpu_dtype(src.scalar_type());
   const int64_t limit = chunk_rows(max_count, c_src * src.element_size() + c_dst * acc.element_size());
   const int64_t rows = std::min(limit, po[kvol]);
   at::Tensor a = at::empty({rows, c_src}, src.options());
@@ -96,9 +103,7 @@ void gather_mm_sum(const at::Tensor& src, const at::Tensor& w, bool transpose_w,
   bool accumulate = false;
   for_each_chunk(po, kvol, limit, [&](int64_t k0, int64_t k1) {
     const int64_t base = po[k0], m = po[k1] - base;
-    check_launch(gpu::gather_rows(dt, src.const_data_ptr(), c_src, gather.const_data_ptr<int32_t>() + base, m,
-                                  a.mutable_data_ptr(), stream),
-                 "gather_rows");
+    gather_pair_rows(src, gather, base, m, a, stream);
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t at_row = po[k] - base, mk = po[k + 1] - po[k];
       if (mk > 0) mm_acc(o.narrow(0, at_row, mk), a.narrow(0, at_row, mk), transpose_w ? w[k].t() : w[k]);
@@ -148,7 +153,6 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
     return {dx_acc.to(features.scalar_type()), dw_acc.to(w.scalar_type())};
   }
   // One gather of the output gradient's rows serves dinput and dfilter.
-  const auto dt = gpu_dtype(x.scalar_type());
   const int64_t limit = chunk_rows(max_count, (cout + cin) * x.element_size() + cin * dx_acc.element_size());
   const int64_t rows = std::min(limit, pop[kvol]);
   at::Tensor g_dy = at::empty({rows, cout}, x.options()), g_x = at::empty({rows, cin}, x.options());
@@ -157,12 +161,8 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
   bool accumulate = false;
   for_each_chunk(pop, kvol, limit, [&](int64_t k0, int64_t k1) {
     const int64_t base = pop[k0], m = pop[k1] - base;
-    check_launch(gpu::gather_rows(dt, dy.const_data_ptr(), cout, pout.const_data_ptr<int32_t>() + base, m,
-                                  g_dy.mutable_data_ptr(), stream),
-                 "gather_rows");
-    check_launch(gpu::gather_rows(dt, x.const_data_ptr(), cin, pin.const_data_ptr<int32_t>() + base, m,
-                                  g_x.mutable_data_ptr(), stream),
-                 "gather_rows");
+    gather_pair_rows(dy, pout, base, m, g_dy, stream);
+    gather_pair_rows(x, pin, base, m, g_x, stream);
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t at_row = pop[k] - base, mk = pop[k + 1] - pop[k];
       if (mk == 0) continue;
