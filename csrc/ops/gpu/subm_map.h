@@ -18,6 +18,10 @@ struct SubmMap {
 };
 SubmMap build_subm_map(const at::Tensor& indices, int64_t batch_size, const ConvGeometry& g, int64_t num_splits);
 
+// Raises the CPU route's error for the indices a map's status (its host copy, widened to int64) flags, if any.
+void check_subm_status(const int64_t* status_host, const at::Tensor& indices, int64_t batch_size,
+                       const ConvGeometry& g);
+
 // The map's one host read: status and pair_offsets. Raises the CPU route's errors for bad indices (naming the
 // first bad row), then compacts the table into (pair_in, pair_out) and makes map_info.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> subm_pairs_of(const at::Tensor& indices, int64_t batch_size,

@@ -52,6 +52,14 @@ SubmMap build_subm_map(const at::Tensor& indices, int64_t batch_size, const Conv
   return m;
 }
 
+void check_subm_status(const int64_t* status_host, const at::Tensor& indices, int64_t batch_size,
+                       const ConvGeometry& g) {
+  // In the CPU route's order: coordinates (naming the first bad row), the table, then duplicates.
+  if (status_host[gpu::kSubmBadRow] != INT32_MAX) check_coordinates(to_host(indices).contiguous(), batch_size, g);
+  TORCH_CHECK(status_host[gpu::kSubmFull] == 0, "get_indice_pairs: the coordinate hash table is full");
+  if (status_host[gpu::kSubmDupRow] != INT32_MAX) raise_duplicate(to_host(indices).contiguous(), g);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> subm_pairs_of(const at::Tensor& indices, int64_t batch_size,
                                                              const ConvGeometry& g, const at::Tensor& nbr,
                                                              const at::Tensor& offsets, const at::Tensor& status) {
@@ -59,10 +67,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> subm_pairs_of(const at::Tensor& i
   const at::Tensor host = to_host(at::cat({status.to(at::kLong), offsets}));
   const int64_t* h = host.const_data_ptr<int64_t>();
   forget_subm_status(status);  // checked here, not at a later map's read
-  // In the CPU route's order: coordinates (naming the first bad row), then duplicates.
-  if (h[gpu::kSubmBadRow] != INT32_MAX) check_coordinates(to_host(indices).contiguous(), batch_size, g);
-  TORCH_CHECK(h[gpu::kSubmFull] == 0, "get_indice_pairs: the coordinate hash table is full");
-  if (h[gpu::kSubmDupRow] != INT32_MAX) raise_duplicate(to_host(indices).contiguous(), g);
+  check_subm_status(h, indices, batch_size, g);
   const at::Tensor offsets_host = host.narrow(0, gpu::kSubmStatusSize, kvol + 1);
   at::Tensor pair_in, pair_out;
   compact_table(nbr, offsets_host.const_data_ptr<int64_t>()[kvol], /*rows_are_outputs=*/true, pair_in, pair_out);

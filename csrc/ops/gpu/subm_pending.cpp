@@ -3,7 +3,6 @@
 
 #include <torch/library.h>
 
-#include <climits>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -12,7 +11,7 @@
 #include "../../hip/launchers.h"
 #include "../checks.h"
 #include "../op_library.h"
-#include "map_common.h"
+#include "subm_map.h"
 
 namespace spconv {
 namespace ops {
@@ -59,16 +58,14 @@ void read_and_check(const PendingSubmRows& rows) {
   check_subm_statuses(rows, host.const_data_ptr<int64_t>());
 }
 
-// The CPU route's error for these indices, saying where the check was deferred from.
-template <typename Raise>
-[[noreturn]] void raise_for_earlier_map(Raise raise) {
+// The CPU route's error for a map's indices, saying where the check was deferred from.
+void check_earlier_map(const PendingMap& m, const int64_t* status_host) {
   try {
-    raise();
+    check_subm_status(status_host, m.indices, m.batch_size, m.g);
   } catch (const c10::ValueError& e) {
     TORCH_CHECK_VALUE(false, "a submanifold layer's kernel map, built earlier without a host read, found bad "
                       "indices (checked at this map's host read): ", e.what_without_backtrace());
   }
-  TORCH_CHECK(false, "a submanifold layer's kernel map found bad indices that the host check does not see");
 }
 
 }  // namespace
@@ -119,14 +116,7 @@ void check_subm_statuses(const PendingSubmRows& rows, const int64_t* h) {
   if (!rows.maps) return;
   for (size_t i = 0; i < rows.maps->maps.size(); ++i) {
     const PendingMap& m = rows.maps->maps[i];
-    const int64_t* s = h + i * kRow;
-    if (!m.live) continue;
-    // In the CPU route's order: coordinates (naming the first bad row), the table, then duplicates.
-    if (s[gpu::kSubmBadRow] != INT32_MAX)
-      raise_for_earlier_map([&] { check_coordinates(to_host(m.indices).contiguous(), m.batch_size, m.g); });
-    TORCH_CHECK(s[gpu::kSubmFull] == 0, "get_indice_pairs: a submanifold map's coordinate hash table was full");
-    if (s[gpu::kSubmDupRow] != INT32_MAX)
-      raise_for_earlier_map([&] { raise_duplicate(to_host(m.indices).contiguous(), m.g); });
+    if (m.live) check_earlier_map(m, h + i * kRow);
   }
 }
 
