@@ -271,6 +271,63 @@ def test_native_route_chunks_same_bits(dtype):
         assert torch.equal(a, b), what
 
 
+@pytest.mark.parametrize("name", ["subm3", "conv_s2"])
+def test_pair_positions_table(name):
+    """pair_positions (GPU code and CPU op): the index within its offset of the pair writing each (row, offset),
+    -1 where none; rows outside [0, num_dst) are skipped."""
+    idx, res, _ = both_maps(name)
+    m = as_maps(res, idx.shape[0])
+    po = m.pair_offsets.tolist()
+    kvol = len(po) - 1
+    for dst, rows in ((m.pair_out, m.num_out), (m.pair_in, m.num_in)):
+        want = torch.full((rows, kvol), -1, dtype=torch.int32)
+        for k in range(kvol):
+            for j, r in enumerate(dst[po[k]:po[k + 1]].tolist()):
+                want[r, k] = j
+        assert torch.equal(hip_ops().pair_positions(dst, m.pair_offsets, rows), want)
+        assert torch.equal(cpu.pair_positions(dst, m.pair_offsets, rows), want)
+    short = m.num_out // 2  # rows past it are skipped, not written out of bounds
+    for ops in (hip_ops(), cpu):
+        assert torch.equal(ops.pair_positions(m.pair_out, m.pair_offsets, short),
+                           cpu.pair_positions(m.pair_out, m.pair_offsets, m.num_out)[:short])
+    with pytest.raises(TypeError, match="pair_dst must be int32"):
+        hip_ops().pair_positions(m.pair_out.long(), m.pair_offsets, m.num_out)
+    with pytest.raises(ValueError, match="num_dst must be >= 0"):
+        cpu.pair_positions(m.pair_out, m.pair_offsets, -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+def test_native_route_given_positions_and_strided_filters(dtype):
+    """The map's position tables passed in (as the layers pass them, made once per map) give the bits of the
+    tables the op makes itself; filters read in place through the weight's permutation give those of contiguous
+    ones; a table of the wrong shape is refused by name, and one of another map is bounded, not read past its
+    offsets."""
+    idx, res, _ = both_maps("subm3")
+    m = as_maps(res, idx.shape[0])
+    x, w, dy = fused_inputs(m, 24, 40, dtype)
+    ops = hip_ops()
+    args = (m.pair_in, m.pair_out, m.pair_offsets)
+    out_pos = ops.pair_positions(m.pair_out, m.pair_offsets, m.num_out)
+    in_pos = ops.pair_positions(m.pair_in, m.pair_offsets, m.num_in)
+    want = (ops.indice_conv(x, w, *args, m.num_out), *ops.indice_conv_backward(x, w, dy, *args))
+    got = (ops.indice_conv(x, w, *args, m.num_out, None, out_pos, in_pos),
+           *ops.indice_conv_backward(x, w, dy, *args, None, in_pos))
+    w_view = w.permute(2, 0, 1).contiguous().permute(1, 2, 0)  # [kvol, Cin, Cout] over a [Cout, kvol, Cin] weight
+    assert not w_view.is_contiguous()
+    strided = (ops.indice_conv(x, w_view, *args, m.num_out), *ops.indice_conv_backward(x, w_view, dy, *args))
+    for what, a, b, c in zip(("forward", "dinput", "dfilter"), want, got, strided):
+        assert torch.equal(a, b), what
+        assert torch.allclose(a.float(), c.float(), rtol=1e-3 if dtype == torch.float16 else 1e-5, atol=1e-3), what
+    with pytest.raises(ValueError, match=r"out_positions must be a contiguous \["):
+        ops.indice_conv(x, w, *args, m.num_out, None, out_pos[:-1])
+    with pytest.raises(ValueError, match=r"in_positions must be a contiguous \["):
+        ops.indice_conv_backward(x, w, dy, *args, None, out_pos.t())
+    with pytest.raises(TypeError, match="out_positions must be int32"):
+        ops.indice_conv(x, w, *args, m.num_out, None, out_pos.long())
+    garbage = torch.randint(-3, 1 << 20, out_pos.shape, dtype=torch.int32)
+    assert torch.isfinite(ops.indice_conv(x, w, *args, m.num_out, None, garbage).float()).all()
+
+
 # ---- pooling: bit-exact against the CPU route on the same kernel map ----
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],

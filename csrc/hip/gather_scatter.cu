@@ -36,21 +36,24 @@ __global__ void scatter_add_kernel(const S* __restrict__ src, int64_t c, const i
   }
 }
 
-// pos[dst[p], k] = p - offsets[k] for every pair p, k its offset (the largest k with offsets[k] <= p).
+// pos[dst[p], k] = p - offsets[k] for every pair p, k its offset (the largest k with offsets[k] <= p); a row
+// outside [0, n_dst) is skipped (the table is made apart from the op that checks its map).
 __global__ void pair_position_kernel(const int32_t* __restrict__ dst, const int64_t* __restrict__ offsets,
-                                     int64_t kvol, int64_t npairs, int32_t* __restrict__ pos) {
+                                     int64_t kvol, int64_t npairs, int64_t n_dst, int32_t* __restrict__ pos) {
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < npairs; p += int64_t(gridDim.x) * blockDim.x) {
     int64_t lo = 0, hi = kvol - 1;
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
       if (offsets[mid] <= p) lo = mid; else hi = mid - 1;
     }
-    pos[static_cast<int64_t>(dst[p]) * kvol + lo] = static_cast<int32_t>(p - offsets[lo]);
+    const int64_t d = dst[p];
+    if (d >= 0 && d < n_dst) pos[d * kvol + lo] = static_cast<int32_t>(p - offsets[lo]);
   }
 }
 
 // acc[o, j] (=, or += with accumulate) the sum over offsets k0 <= k < k1, ascending, of src[offsets[k] +
-// pos[o, k] - base, j] where pos[o, k] >= 0: the scatter-adds of those offsets in their order, as one pass.
+// pos[o, k] - base, j] where pos[o, k] >= 0: the scatter-adds of those offsets in their order, as one pass. A
+// position past its offset's pairs (a caller's table of another map) is skipped, never read.
 template <typename S, typename A>
 __global__ void sum_rows_kernel(const S* __restrict__ src, int64_t c, const int32_t* __restrict__ pos,
                                 const int64_t* __restrict__ offsets, int64_t kvol, int64_t k0, int64_t k1,
@@ -61,7 +64,7 @@ __global__ void sum_rows_kernel(const S* __restrict__ src, int64_t c, const int3
     A sum = accumulate ? acc[t] : A(0);
     for (int64_t k = k0; k < k1; ++k) {
       const int32_t q = pos[o * kvol + k];
-      if (q >= 0) sum = sum + static_cast<A>(load_acc<S>(src + (offsets[k] + q - base) * c + j));
+      if (q >= 0 && offsets[k] + q < offsets[k + 1]) sum = sum + static_cast<A>(load_acc<S>(src + (offsets[k] + q - base) * c + j));
     }
     acc[t] = sum;
   }
@@ -134,11 +137,11 @@ int scatter_add_rows(DType src_t, const void* src, int64_t c, const int32_t* idx
   return static_cast<int>(hipErrorInvalidValue);
 }
 
-int pair_positions(const int32_t* dst, const int64_t* offsets, int64_t kvol, int64_t npairs, int32_t* pos,
-                   void* stream) {
+int pair_positions(const int32_t* dst, const int64_t* offsets, int64_t kvol, int64_t npairs, int64_t n_dst,
+                   int32_t* pos, void* stream) {
   if (npairs <= 0 || kvol <= 0) return 0;
   launch_kernel(pair_position_kernel, grid_1d(npairs, kThreads), kThreads, 0, static_cast<hipStream_t>(stream), dst,
-      offsets, kvol, npairs, pos);
+      offsets, kvol, npairs, n_dst, pos);
   return last_launch_error();
 }
 

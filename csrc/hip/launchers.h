@@ -89,8 +89,8 @@ int scatter_add_rows(DType src_t, const void* src, int64_t c, const int32_t* idx
 // [kvol + 1] int64 on the device). A row must not repeat within one offset (the per-offset sums hold one pair
 // per (row, offset)): maps that repeat one (duplicate coordinates) are split into rounds by the caller
 // (spconv/pytorch/pair_rounds.py).
-int pair_positions(const int32_t* dst, const int64_t* offsets, int64_t kvol, int64_t npairs, int32_t* pos,
-                   void* stream);
+int pair_positions(const int32_t* dst, const int64_t* offsets, int64_t kvol, int64_t npairs, int64_t n_dst,
+                   int32_t* pos, void* stream);
 // The products of offsets [k0, k1) as rows of src (pair p at row p - base) summed into acc [n_dst, c] by
 // position, offsets ascending: acc = (accumulate ? acc : 0) + products, the per-offset scatter-add's bits.
 struct RowSums {

@@ -124,6 +124,17 @@ void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at
                     "kernel map tensors must be on the features' device ", features.device());
 }
 
+void check_pair_positions_args(const at::Tensor& pair_dst, const at::Tensor& pair_offsets, int64_t num_dst) {
+  TORCH_CHECK_TYPE(pair_dst.scalar_type() == at::kInt, "pair_dst must be int32, got ", pair_dst.scalar_type());
+  TORCH_CHECK_TYPE(pair_offsets.scalar_type() == at::kLong, "pair_offsets must be int64, got ",
+                   pair_offsets.scalar_type());
+  TORCH_CHECK_VALUE(pair_dst.dim() == 1, "pair_dst must be 1-D, got ", pair_dst.dim(), " dimensions");
+  TORCH_CHECK_VALUE(pair_offsets.dim() == 1 && pair_offsets.size(0) >= 2, "pair_offsets must be 1-D [kvol + 1]");
+  TORCH_CHECK_VALUE(pair_offsets.device() == pair_dst.device(), "pair_offsets must be on pair_dst's device ",
+                    pair_dst.device());
+  TORCH_CHECK_VALUE(num_dst >= 0, "num_dst must be >= 0, got ", num_dst);
+}
+
 void check_pair_layout_host(const int64_t* offsets, int64_t kvol, int64_t npairs, const int64_t* extremes,
                             int64_t num_in, int64_t num_out) {
   TORCH_CHECK_VALUE(offsets[0] == 0 && offsets[kvol] == npairs, "pair_offsets must start at 0 and end at the ",

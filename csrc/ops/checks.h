@@ -40,6 +40,10 @@ void check_coordinate_extremes(const int64_t* extremes_host, const at::Tensor& i
 void check_pairs(const at::Tensor& pair_in, const at::Tensor& pair_out, const at::Tensor& pair_offsets,
                  const at::Tensor& features);
 
+// pair_positions: pair_dst int32 1-D, pair_offsets int64 [kvol + 1] on its device, num_dst >= 0 (the rows are
+// bounded by the kernel that fills the table).
+void check_pair_positions_args(const at::Tensor& pair_dst, const at::Tensor& pair_offsets, int64_t num_dst);
+
 // pair_offsets (read on the host) start at 0, never decrease and end at npairs; with `extremes`
 // ({min, max} of pair_in, then of pair_out) every pair row lies in [0, num_in) / [0, num_out).
 void check_pair_layout_host(const int64_t* offsets, int64_t kvol, int64_t npairs, const int64_t* extremes,

@@ -47,12 +47,18 @@ SPCONV_SCHEMA(m) {
   // (the filter gradient back in the weight's layout). CPU only: elsewhere the Python wrapper permutes.
   m.def("weight_to_filters(Tensor weight, int groups) -> Tensor");
   m.def("filters_to_weight(Tensor filters, int[] kernel_size) -> Tensor");
+  // positions: the GPU route's pair_positions table of the rows a pass writes (the forward's outputs, the
+  // backward's inputs), made once per map by the caller; absent, the op makes it (two launches more). The
+  // forward's in_positions is only carried to its autograd backward. The CPU route ignores both.
   m.def(
       "indice_conv(Tensor features, Tensor filters, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, "
-      "SymInt num_out, Tensor? map_info=None) -> Tensor");
+      "SymInt num_out, Tensor? map_info=None, Tensor? out_positions=None, Tensor? in_positions=None) -> Tensor");
   m.def(
       "indice_conv_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor pair_in, Tensor pair_out, "
-      "Tensor pair_offsets, Tensor? map_info=None) -> (Tensor, Tensor)");
+      "Tensor pair_offsets, Tensor? map_info=None, Tensor? in_positions=None) -> (Tensor, Tensor)");
+  // pos[r, k] = the index within offset k of the pair that writes row r through k (pair_dst[p] == r), else -1:
+  // the table by which the native route sums each row's products in offset order.
+  m.def("pair_positions(Tensor pair_dst, Tensor pair_offsets, SymInt num_dst) -> Tensor");
 
   // ---- pooling, voxelization, hash table (see their sections below) ----
 

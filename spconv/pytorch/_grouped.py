@@ -38,7 +38,7 @@ def check_groups(in_channels: int, out_channels: int, groups) -> int:
 
 def weight_to_grouped_filters(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """Weight ``[Cout, *kernel, Cin/groups]`` -> filters ``[kvol, groups, Cin/groups, Cout/groups]``."""
-    return _native.weight_to_filters(weight, groups)
+    return _native.weight_to_filters(weight, groups).contiguous()  # (a view on the GPU route)
 
 
 # ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----

@@ -102,26 +102,34 @@ def _get_indice_pairs_fake(indices, batch_size, spatial_shape, out_shape, ksize,
 
 
 @_backend.register_fake("indice_conv")
-def _indice_conv_fake(features, filters, pair_in, pair_out, pair_offsets, num_out, map_info=None):
+def _indice_conv_fake(features, filters, pair_in, pair_out, pair_offsets, num_out, map_info=None,
+                      out_positions=None, in_positions=None):
     return features.new_empty((num_out, filters.shape[2]))
 
 
 @_backend.register_fake("indice_conv_backward")
-def _indice_conv_backward_fake(features, filters, out_grad, pair_in, pair_out, pair_offsets, map_info=None):
+def _indice_conv_backward_fake(features, filters, out_grad, pair_in, pair_out, pair_offsets, map_info=None,
+                               in_positions=None):
     return torch.empty_like(features), torch.empty_like(filters)
+
+
+@_backend.register_fake("pair_positions")
+def _pair_positions_fake(pair_dst, pair_offsets, num_dst):
+    return pair_dst.new_empty((num_dst, pair_offsets.shape[0] - 1))
 
 
 def _indice_conv_setup_context(ctx, inputs, output):
     features, filters, pair_in, pair_out, pair_offsets = inputs[:5]
     ctx.save_for_backward(features, filters, pair_in, pair_out, pair_offsets)
     ctx.map_info = map_info_input(inputs, 6)  # a CPU tensor, never differentiated
+    ctx.in_positions = map_info_input(inputs, 8)  # the map's table by input row (GPU route), never modified
 
 
 def _indice_conv_backward(lib, ctx, grad):
     features, filters, pair_in, pair_out, pair_offsets = ctx.saved_tensors
     dx, dw = lib.indice_conv_backward(features, filters, grad.contiguous(), pair_in, pair_out, pair_offsets,
-                                      ctx.map_info)
-    return dx, dw, None, None, None, None, None
+                                      ctx.map_info, ctx.in_positions)
+    return dx, dw, None, None, None, None, None, None, None
 
 
 def needs_autograd(*tensors: torch.Tensor) -> bool:
@@ -141,15 +149,32 @@ def needs_autograd(*tensors: torch.Tensor) -> bool:
 below_autograd = torch._C._AutoDispatchBelowAutograd  # the op's own kernel, as the wrapper calls it without grad
 
 
+def _positions(maps: PairMaps, side: str) -> torch.Tensor:
+    """The map's pair_positions table by output (``side="out"``) or input row, made on first use and kept with
+    the map: the GPU route's row sums read it, and it depends on the map alone."""
+    key = "native_positions_" + side
+    table = maps.cache.get(key)
+    if table is None:
+        dst, rows = (maps.pair_out, maps.num_out) if side == "out" else (maps.pair_in, maps.num_in)
+        table = maps.cache[key] = _ops.pair_positions(dst, maps.pair_offsets, rows)
+    return table
+
+
 def indice_conv_native(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps,
                        num_out: int) -> torch.Tensor:
-    """Native route: ``out[pair_out] += features[pair_in] @ filters[k]``; filters ``[kvol, Cin, Cout]``."""
-    if needs_autograd(features, filters):
-        return _ops.indice_conv(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out,
-                                maps.map_info)
+    """Native route: ``out[pair_out] += features[pair_in] @ filters[k]``; filters ``[kvol, Cin, Cout]``. On the GPU
+    route the map's position tables come from the map (made once) instead of each call."""
+    grad = needs_autograd(features, filters)
+    out_pos = in_pos = None
+    if _backend.runs_gpu_code(features.device) and not torch.compiler.is_compiling():
+        out_pos = _positions(maps, "out")
+        in_pos = _positions(maps, "in") if grad else None
+    args = (features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out, maps.map_info, out_pos,
+            in_pos)
+    if grad:
+        return _ops.indice_conv(*args)
     with below_autograd():
-        return _ops.indice_conv(features, filters, maps.pair_in, maps.pair_out, maps.pair_offsets, num_out,
-                                maps.map_info)
+        return _ops.indice_conv(*args)
 
 
 # ---- weight layout: weight [Cout, *kernel, Cin/groups] <-> filters [kvol, groups, Cin/groups, Cout/groups] ----
@@ -191,14 +216,16 @@ def weight_to_filters(weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """Filters ``[kvol, groups, Cin/groups, Cout/groups]`` of a weight ``[Cout, *kernel, Cin/groups]``;
     differentiable. On the CPU route a native tiled transpose (the op of the same name: it runs on every conv
     call, and torch's strided copy of this permutation took twice its time on a 256 -> 256 3x3x3 weight); on the
-    GPU route (and the GPU code run on the CPU in tests) a permute."""
+    GPU route (and the GPU code run on the CPU in tests) a permuted view, no copy."""
     if weight.device.type == "cpu" and not _backend.runs_gpu_code(weight.device):
         if needs_autograd(weight):
             return torch.ops.spconv.weight_to_filters(weight, groups)
         with below_autograd():
             return torch.ops.spconv.weight_to_filters(weight, groups)
     cout, cig = weight.shape[0], weight.shape[-1]
-    return weight.reshape(groups, cout // groups, -1, cig).permute(2, 0, 3, 1).contiguous()
+    # A view: the GPU ops read the filters in place (native route) or copy them once inside (fused, grouped), and
+    # the weight's gradient keeps its layout.
+    return weight.reshape(groups, cout // groups, -1, cig).permute(2, 0, 3, 1)
 
 
 # ---- pooling (native route): wrappers, fake kernels, autograd ----

@@ -91,6 +91,7 @@ def fused_conv_unchecked(features: torch.Tensor, filters: torch.Tensor, maps, nu
 
     A map that repeats a row at one offset (duplicate coordinates) runs as its rounds (``pair_rounds``): a
     neighbour table holds one input per (output, offset)."""
+    filters = filters.contiguous()  # the kernels read it densely: one copy, which the backward also reads
     return over_rounds(lambda p: _fused.FusedConvFunction.apply(features.contiguous(), filters, p, num_splits), maps)
 
 

@@ -1,6 +1,7 @@
 // CPU implementation of the native convolution route (forward, dinput, dfilter).
 // FP16/BF16 are computed in FP32 and returned in their dtype; FP32 and FP64 compute natively.
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <torch/library.h>
 
 #include "../checks.h"
@@ -15,7 +16,9 @@ at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kD
 
 at::Tensor indice_conv_cpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& pair_in,
                            const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out,
-                           const std::optional<at::Tensor>& map_info) {
+                           const std::optional<at::Tensor>& map_info,
+                           const std::optional<at::Tensor>& /*out_positions: GPU route only*/,
+                           const std::optional<at::Tensor>& /*in_positions*/) {
   check_features(features, "features");
   check_pairs(pair_in, pair_out, pair_offsets, features);
   check_filters(filters, features, pair_offsets.size(0) - 1);
@@ -35,7 +38,8 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_cpu(const at::Tensor& fe
                                                             const at::Tensor& out_grad, const at::Tensor& pair_in,
                                                             const at::Tensor& pair_out,
                                                             const at::Tensor& pair_offsets,
-                                                            const std::optional<at::Tensor>& map_info) {
+                                                            const std::optional<at::Tensor>& map_info,
+                                                            const std::optional<at::Tensor>& /*in_positions*/) {
   check_conv_backward_args(features, filters, out_grad, pair_in, pair_out, pair_offsets);
   const auto ct = compute_type(features.scalar_type());
   at::Tensor x = features.to(ct).contiguous();
@@ -50,11 +54,27 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_cpu(const at::Tensor& fe
   return {dx.to(features.scalar_type()), dw.to(filters.scalar_type())};
 }
 
+// The GPU route's table, made here too so that the op runs on every device (the CPU route does not read it).
+at::Tensor pair_positions_cpu(const at::Tensor& pair_dst, const at::Tensor& pair_offsets, int64_t num_dst) {
+  check_pair_positions_args(pair_dst, pair_offsets, num_dst);
+  const int64_t kvol = pair_offsets.size(0) - 1;
+  const at::Tensor dst = pair_dst.contiguous(), po = pair_offsets.contiguous();
+  at::Tensor pos = at::full({num_dst, kvol}, -1, dst.options());
+  const int32_t* d = dst.const_data_ptr<int32_t>();
+  const int64_t* o = po.const_data_ptr<int64_t>();
+  int32_t* out = pos.mutable_data_ptr<int32_t>();
+  for (int64_t k = 0; k < kvol; ++k)
+    for (int64_t p = std::max<int64_t>(o[k], 0); p < std::min(o[k + 1], dst.size(0)); ++p)
+      if (d[p] >= 0 && d[p] < num_dst) out[d[p] * kvol + k] = static_cast<int32_t>(p - o[k]);
+  return pos;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(spconv, CPU, m) {
   m.impl("indice_conv", &indice_conv_cpu);
   m.impl("indice_conv_backward", &indice_conv_backward_cpu);
+  m.impl("pair_positions", &pair_positions_cpu);
 }
 
 }  // namespace ops

@@ -1,7 +1,10 @@
 // GPU implementation of the native convolution route: the pairs' rows gathered, one vendor GEMM per kernel offset
 // (cuBLAS / hipBLAS, FP32 output for 16-bit inputs), and the products summed into each output row in offset order
-// by a position table (gather_scatter.cu): the per-offset scatter-add's bits, with a launch per offset (its GEMM)
-// and a few per layer. Within an offset a row appears once, so the sums need no atomics.
+// by a position table (gather_scatter.cu): the per-offset scatter-add's bits, with a launch per offset (its GEMM;
+// two in backward) plus the gathers and the sum. Within an offset a row appears once, so the sums need no atomics.
+// The position tables depend on the map alone: the Python layer makes them once per map (pair_positions) and
+// passes them in. The filters are read in place, whatever their strides (the weight's permutation is a view), and
+// dfilter is written in the weight's layout, so that neither costs a copy.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -70,9 +73,23 @@ at::Tensor pair_position_table(const at::Tensor& dst, const at::Tensor& offsets_
                                void* stream) {
   at::Tensor pos = at::full({n_dst, kvol}, -1, dst.options());
   check_launch(gpu::pair_positions(dst.const_data_ptr<int32_t>(), offsets_dev.const_data_ptr<int64_t>(), kvol,
-                                   dst.size(0), pos.mutable_data_ptr<int32_t>(), stream),
+                                   dst.size(0), n_dst, pos.mutable_data_ptr<int32_t>(), stream),
                "pair_positions");
   return pos;
+}
+
+// The caller's table (checked for its dtype, shape and device; its values are bounded by the sum kernel), or a new
+// one.
+at::Tensor positions_or_new(const std::optional<at::Tensor>& given, const char* name, const at::Tensor& dst,
+                            const at::Tensor& offsets_dev, int64_t n_dst, int64_t kvol, void* stream) {
+  if (!given.has_value()) return pair_position_table(dst, offsets_dev, n_dst, kvol, stream);
+  const at::Tensor& t = *given;
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, name, " must be int32, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == n_dst && t.size(1) == kvol && t.is_contiguous(), name,
+                    " must be a contiguous [", n_dst, ", ", kvol, "] table (pair_positions of this map), got ",
+                    t.sizes());
+  TORCH_CHECK_VALUE(t.device() == dst.device(), name, " must be on the kernel map's device ", dst.device());
+  return t;
 }
 
 void sum_chunk(const at::Tensor& products, const at::Tensor& pos, const at::Tensor& offsets_dev, int64_t k0,
@@ -86,7 +103,7 @@ void sum_chunk(const at::Tensor& products, const at::Tensor& pos, const at::Tens
 
 // acc = sum over the pairs of src[gather[p]] @ (transpose_w ? W[k]^T : W[k]) into row scatter[p].
 void gather_mm_sum(const at::Tensor& src, const at::Tensor& w, bool transpose_w, const at::Tensor& gather,
-                   const at::Tensor& scatter, const at::Tensor& offsets_cpu, const at::Tensor& offsets_dev,
+                   const at::Tensor& pos, const at::Tensor& offsets_cpu, const at::Tensor& offsets_dev,
                    at::Tensor& acc, void* stream) {
   const int64_t kvol = w.size(0), c_src = src.size(1), c_dst = acc.size(1);
   const int64_t* po = offsets_cpu.const_data_ptr<int64_t>();
@@ -99,7 +116,6 @@ void gather_mm_sum(const at::Tensor& src, const at::Tensor& w, bool transpose_w,
   const int64_t rows = std::min(limit, po[kvol]);
   at::Tensor a = at::empty({rows, c_src}, src.options());
   at::Tensor o = at::empty({rows, c_dst}, src.options().dtype(acc.scalar_type()));
-  const at::Tensor pos = pair_position_table(scatter, offsets_dev, acc.size(0), kvol, stream);
   bool accumulate = false;
   for_each_chunk(po, kvol, limit, [&](int64_t k0, int64_t k1) {
     const int64_t base = po[k0], m = po[k1] - base;
@@ -115,18 +131,22 @@ void gather_mm_sum(const at::Tensor& src, const at::Tensor& w, bool transpose_w,
 
 at::Tensor indice_conv_gpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& pair_in,
                            const at::Tensor& pair_out, const at::Tensor& pair_offsets, int64_t num_out,
-                           const std::optional<at::Tensor>& map_info) {
+                           const std::optional<at::Tensor>& map_info,
+                           const std::optional<at::Tensor>& out_positions,
+                           const std::optional<at::Tensor>& /*in_positions: the autograd backward's*/) {
   check_features(features, "features");
   check_pairs(pair_in, pair_out, pair_offsets, features);
   check_filters(filters, features, pair_offsets.size(0) - 1);
   TORCH_CHECK_VALUE(num_out >= 0, "num_out must be >= 0, got ", num_out);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
-  at::Tensor x = features.contiguous(), w = filters.contiguous();
+  at::Tensor x = features.contiguous();
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po_dev = pair_offsets.contiguous();
   at::Tensor po = check_pair_rows(pin, pout, po_dev, x.size(0), num_out, map_info).offsets;
+  const int64_t kvol = filters.size(0);
+  const at::Tensor pos = positions_or_new(out_positions, "out_positions", pout, po_dev, num_out, kvol, stream);
   at::Tensor acc = at::empty({num_out, filters.size(2)}, x.options().dtype(acc_type(x.scalar_type())));
-  gather_mm_sum(x, w, /*transpose_w=*/false, pin, pout, po, po_dev, acc, stream);
+  gather_mm_sum(x, filters, /*transpose_w=*/false, pin, pos, po, po_dev, acc, stream);
   return acc.to(features.scalar_type());
 }
 
@@ -134,19 +154,24 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
                                                             const at::Tensor& out_grad, const at::Tensor& pair_in,
                                                             const at::Tensor& pair_out,
                                                             const at::Tensor& pair_offsets,
-                                                            const std::optional<at::Tensor>& map_info) {
+                                                            const std::optional<at::Tensor>& map_info,
+                                                            const std::optional<at::Tensor>& in_positions) {
   check_conv_backward_args(features, filters, out_grad, pair_in, pair_out, pair_offsets);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
-  at::Tensor x = features.contiguous(), w = filters.contiguous(), dy = out_grad.contiguous();
+  at::Tensor x = features.contiguous(), dy = out_grad.contiguous();
+  const at::Tensor& w = filters;
   at::Tensor pin = pair_in.contiguous(), pout = pair_out.contiguous(), po_dev = pair_offsets.contiguous();
   at::Tensor po = check_pair_rows(pin, pout, po_dev, x.size(0), dy.size(0), map_info).offsets;
   const int64_t kvol = w.size(0), cin = w.size(1), cout = w.size(2);
   const auto acc_t = acc_type(x.scalar_type());
   at::Tensor dx_acc = at::empty({x.size(0), cin}, x.options().dtype(acc_t));
-  // dfilter accumulates in FP32 (FP64) and is rounded once; offsets without pairs stay zero.
-  at::Tensor dw_acc = at::zeros({kvol, cin, cout}, w.options().dtype(acc_t));
+  // dfilter accumulates in FP32 (FP64) and is rounded once, in the weight's layout [Cout, kvol, Cin] (returned as
+  // its [kvol, Cin, Cout] view, so that the weight's gradient needs no copy); offsets without pairs are zeroed.
+  at::Tensor dw_acc = at::empty({cout, kvol, cin}, w.options().dtype(acc_t)).permute({1, 2, 0});
   const int64_t* pop = po.const_data_ptr<int64_t>();
+  for (int64_t k = 0; k < kvol; ++k)
+    if (pop[k + 1] == pop[k]) dw_acc[k].zero_();
   const int64_t max_count = max_pairs(pop, kvol);
   if (max_count == 0 || cin == 0) {
     dx_acc.zero_();
@@ -157,7 +182,7 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
   const int64_t rows = std::min(limit, pop[kvol]);
   at::Tensor g_dy = at::empty({rows, cout}, x.options()), g_x = at::empty({rows, cin}, x.options());
   at::Tensor o = at::empty({rows, cin}, x.options().dtype(acc_t));
-  const at::Tensor pos = pair_position_table(pin, po_dev, x.size(0), kvol, stream);
+  const at::Tensor pos = positions_or_new(in_positions, "in_positions", pin, po_dev, x.size(0), kvol, stream);
   bool accumulate = false;
   for_each_chunk(pop, kvol, limit, [&](int64_t k0, int64_t k1) {
     const int64_t base = pop[k0], m = pop[k1] - base;
@@ -177,6 +202,13 @@ std::tuple<at::Tensor, at::Tensor> indice_conv_backward_gpu(const at::Tensor& fe
   return {dx_acc.to(features.scalar_type()), dw_acc.to(w.scalar_type())};
 }
 
+at::Tensor pair_positions_gpu(const at::Tensor& pair_dst, const at::Tensor& pair_offsets, int64_t num_dst) {
+  check_pair_positions_args(pair_dst, pair_offsets, num_dst);
+  c10::DeviceGuard guard(pair_dst.device());
+  return pair_position_table(pair_dst.contiguous(), pair_offsets.contiguous(), num_dst, pair_offsets.size(0) - 1,
+                             current_stream(pair_dst.device()));
+}
+
 // Tests: the rows one chunk of the native route gathers (0: the default, sized by bytes); returns the old value.
 int64_t debug_native_chunk_rows(int64_t rows) {
   TORCH_CHECK_VALUE(rows >= 0, "rows must be >= 0, got ", rows);
@@ -188,6 +220,7 @@ int64_t debug_native_chunk_rows(int64_t rows) {
 SPCONV_GPU_IMPL(m) {
   m.impl("indice_conv", &indice_conv_gpu);
   m.impl("indice_conv_backward", &indice_conv_backward_gpu);
+  m.impl("pair_positions", &pair_positions_gpu);
 }
 
 SPCONV_DEBUG_SCHEMA_FRAGMENT(m) { m.def("debug_native_chunk_rows(int rows) -> int", &debug_native_chunk_rows); }

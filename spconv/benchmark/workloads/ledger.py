@@ -30,8 +30,10 @@ VOXELS = 20000
 QUICK_VOXELS = 2000
 
 # Goal budgets (total launches, host waits) by (route, row kind, pass); None: no budget stated. "map" kinds are
-# the kernel-map builder alone, "*_build" the layer around it. On the native route a feature op may spend one
-# launch per kernel offset (kvol, filled in per row), no more.
+# the kernel-map builder alone, "*_build" the layer around it. On the native route a feature op spends a vendor
+# GEMM per kernel offset (two in backward: dinput and dfilter) and, per layer, the rows' gathers, one sum and the
+# bias (kvol + 3 forward, 2 kvol + 4 backward, filled in per row): without a grouped GEMM in both vendors'
+# libraries, the per-offset GEMMs are the floor.
 TARGETS: Dict[Tuple[str, str, str], Tuple[Optional[int], Optional[int]]] = {
     ("fused", "subm_map", "forward"): (6, 0),
     ("fused", "strided_map", "forward"): (8, 1),
@@ -56,7 +58,8 @@ FEATURE_KINDS = ("subm_cached", "subm_build", "strided_cached", "strided_build",
 def target(route: str, kind: str, pass_name: str, kvol: int = 0, strided_maps: int = 0):
     """(launches, waits) goal of one row, or (None, None)."""
     if route == "native" and kind in FEATURE_KINDS and not (kind.endswith("_build") and pass_name == "forward"):
-        return kvol, 0  # (a layer building its map: the map row has the map's budget)
+        # (a layer building its map: the map row has the map's budget)
+        return (kvol + 3 if pass_name == "forward" else 2 * kvol + 4), 0
     launches, waits = TARGETS.get((route, kind, pass_name), (None, None))
     if kind == "network" and pass_name == "forward" and route == "fused":
         waits = strided_maps
