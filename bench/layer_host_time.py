@@ -7,7 +7,11 @@ swapped order every round, so that a busy machine slows both alike. Per case: th
 time and of the calling thread's CPU time (which leaves out the time the process waits for a core on a busy
 machine) for each library, and the ratios this / other.
 
-    python3 bench/layer_host_time.py --reference /path/to/python-with-spconv-2.3.8 [--out result.json]
+    python3 bench/layer_host_time.py --reference /path/to/python-with-spconv-2.3.8 [--gpu-code] [--out result.json]
+
+``--gpu-code`` adds a third column, ``gpu``: this package's GPU route run on the CPU (the HIP CPU build, as the
+launch ledger runs it), each call's time outside the kernels' bodies, against the same reference: the host
+time a GPU layer pays before its kernels (their own work left out, ATen's small ops left in).
 
 ``--reference`` defaults to $SPCONV_REFERENCE_PYTHON.
 """
@@ -78,6 +82,8 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=200, help="timed calls per batch")
     ap.add_argument("--warmup", type=int, default=20, help="untimed calls before each batch")
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--gpu-code", action="store_true",
+                    help="also time this package's GPU route on the CPU (host time outside the kernels)")
     ap.add_argument("--out", help="write the result as JSON here")
     args = ap.parse_args(argv)
     if not args.reference:
@@ -88,6 +94,8 @@ def main(argv=None):
     cwd = tempfile.mkdtemp(prefix="spconv_layer_host_")
     libs = {"this": Worker(sys.executable, ours_env, "spconv.pytorch", cwd),
             "other": Worker(args.reference, ref_env, "spconv.pytorch", cwd)}
+    if args.gpu_code:
+        libs["gpu"] = Worker(sys.executable, ours_env, "spconv.pytorch:gpu-code", cwd)
     cases = args.cases.split(",")
     samples = {c: {lib: [] for lib in libs} for c in cases}
     cpu = {c: {lib: [] for lib in libs} for c in cases}
@@ -129,12 +137,19 @@ def main(argv=None):
         both = "this_median_us" in row and "other_median_us" in row
         row["ratio"] = row["this_median_us"] / row["other_median_us"] if both else None
         row["cpu_ratio"] = row["this_cpu_median_us"] / row["other_cpu_median_us"] if both else None
+        if "gpu_median_us" in row:
+            on_other = "other_median_us" in row
+            row["gpu_ratio"] = row["gpu_median_us"] / row["other_median_us"] if on_other else None
+            row["gpu_cpu_ratio"] = row["gpu_cpu_median_us"] / row["other_cpu_median_us"] if on_other else None
         rows.append(row)
         keys = ("this_median_us", "other_median_us", "this_cpu_median_us", "other_cpu_median_us")
         cells = [f"{row[k]:9.1f}" if k in row else f"{'-':>9s}" for k in keys]
         ratios = [f"{r:6.2f}" if r is not None else f"{'-':>6s}" for r in (row["ratio"], row["cpu_ratio"])]
         note = "; ".join(f"{lib}: {e}" for lib, e in errors[case].items())
-        print(f"{case:14s} {cells[0]} {cells[1]} {ratios[0]} {cells[2]} {cells[3]} {ratios[1]} {note}")
+        x = lambda r: f" ({r:.2f}x)" if r is not None else ""  # noqa: E731
+        gpu = (f"   gpu route {row['gpu_median_us']:8.1f} us{x(row['gpu_ratio'])}, cpu "
+               f"{row['gpu_cpu_median_us']:8.1f} us{x(row['gpu_cpu_ratio'])}" if "gpu_median_us" in row else "")
+        print(f"{case:14s} {cells[0]} {cells[1]} {ratios[0]} {cells[2]} {cells[3]} {ratios[1]}{gpu} {note}")
     argv = [_shown_path(a, args.reference) for a in (sys.argv[1:] if argv is None else argv)]
     result = {"tool": "bench/layer_host_time.py", "argv": argv,
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,

@@ -1,7 +1,9 @@
 """One library's side of ``layer_host_time.py``: times one small SubM layer per request, on one thread.
 
 Started as ``python layer_host_worker.py MODULE`` under the interpreter of the library to time; imports only
-torch, numpy and MODULE (a ``spconv.pytorch``-compatible package). Reads requests from stdin, one JSON object a
+torch, numpy and MODULE (a ``spconv.pytorch``-compatible package). ``MODULE:gpu-code`` (this package only) runs
+the layer through the GPU route on the CPU (the HIP CPU build of the GPU glue and kernels, as the launch ledger
+does) and reports each call's time outside the kernels' bodies: the host time of the GPU route. Reads requests from stdin, one JSON object a
 line (``{"case": ..., "calls": N, "warmup": W, "voxels": V, "channels": C}``), and answers each with one JSON
 line ``{"us": [per-call wall microseconds], "cpu_us": [the calling thread's CPU microseconds]}`` (``{"error":
 ...}`` when the case fails there); an empty line ends it.
@@ -51,6 +53,25 @@ def _case(sp, torch, name, feats, indices, grad):
     return step
 
 
+class _KernelTime:
+    """Nanoseconds spent inside kernel launches (bodies included) so far: the HIP CPU build's launch ledger, or 0."""
+
+    def __init__(self, debug=None):
+        self.debug = debug
+
+    def __call__(self) -> int:
+        return int(self.debug.debug_launch_ledger()[1]) if self.debug is not None else 0
+
+
+def _gpu_code_on_cpu():
+    """Enters the GPU route on CPU tensors for the rest of the process; returns its kernel-time reader."""
+    from spconv import _backend
+    from spconv.benchmark.launch_ledger import load_hip_cpu
+    lib = load_hip_cpu()
+    _backend.gpu_code_on_cpu(lib.name).__enter__()
+    return _KernelTime(_backend.debug_library(lib))
+
+
 def main(module):
     if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
         sys.path.pop(0)  # never resolve the library against the files beside this script
@@ -58,7 +79,9 @@ def main(module):
     import numpy as np
     import torch
     torch.set_num_threads(1)
+    module, _, mode = module.partition(":")
     sp = importlib.import_module(module)
+    kernel_ns = _gpu_code_on_cpu() if mode == "gpu-code" else _KernelTime()
     runs = {}
     for line in sys.stdin:
         if not line.strip():
@@ -74,11 +97,13 @@ def main(module):
                 fn()
             wall, cpu = [], []
             for _ in range(req["calls"]):
+                k0 = kernel_ns()
                 c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
                 fn()
                 t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
-                wall.append((t1 - t0) / 1e3)
-                cpu.append((c1 - c0) / 1e3)
+                k = kernel_ns() - k0  # (0 but in gpu-code mode)
+                wall.append((t1 - t0 - k) / 1e3)
+                cpu.append((c1 - c0 - min(k, c1 - c0)) / 1e3)
             answer = {"us": wall, "cpu_us": cpu}
         except Exception as e:  # the case doesn't run in this library (said in the result, not timed)
             lines = str(e).strip().splitlines()
