@@ -5,8 +5,9 @@ torch, numpy and MODULE (a ``spconv.pytorch``-compatible package). ``MODULE:gpu-
 the layer through the GPU route on the CPU (the HIP CPU build of the GPU glue and kernels, as the launch ledger
 does) and reports each call's time outside the kernels' bodies: the host time of the GPU route. Reads requests from stdin, one JSON object a
 line (``{"case": ..., "calls": N, "warmup": W, "voxels": V, "channels": C}``), and answers each with one JSON
-line ``{"us": [per-call wall microseconds], "cpu_us": [the calling thread's CPU microseconds]}`` (``{"error":
-...}`` when the case fails there); an empty line ends it.
+line ``{"us": [per-call wall microseconds], "cpu_us": [the calling thread's CPU microseconds], "kernel_us": [the
+time inside kernels, left out of both; 0 but in gpu-code mode]}`` (``{"error": ...}`` when the case fails there);
+an empty line ends it.
 
 Cases (SubMConv3d 3x3x3, C -> C, bias, ``indice_key``, V voxels on a 16^3 grid, batch 1):
   * ``infer_cached`` / ``infer_build``: forward under ``torch.no_grad``, kernel map stored under the key /
@@ -95,16 +96,17 @@ def main(module):
             fn = runs[key]
             for _ in range(req["warmup"]):
                 fn()
-            wall, cpu = [], []
+            wall, cpu, kern = [], [], []
             for _ in range(req["calls"]):
                 k0 = kernel_ns()
                 c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
                 fn()
                 t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
                 k = kernel_ns() - k0  # (0 but in gpu-code mode)
+                kern.append(k / 1e3)
                 wall.append((t1 - t0 - k) / 1e3)
                 cpu.append((c1 - c0 - min(k, c1 - c0)) / 1e3)
-            answer = {"us": wall, "cpu_us": cpu}
+            answer = {"us": wall, "cpu_us": cpu, "kernel_us": kern}
         except Exception as e:  # the case doesn't run in this library (said in the result, not timed)
             lines = str(e).strip().splitlines()
             answer = {"error": f"{type(e).__name__}: {lines[-1][:200] if lines else ''}"}

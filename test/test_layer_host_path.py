@@ -87,3 +87,27 @@ def test_consistency_memo_is_not_pickled():
     y = pickle.loads(pickle.dumps(x))
     assert "_consistent" not in y.__dict__
     y.check_consistent("y")
+
+
+def test_host_time_worker_leaves_the_kernels_out(hip_cpu):
+    """bench/layer_host_worker.py's gpu-code mode times the layer through the GPU code built for the CPU and
+    reports each call's time outside the kernels' bodies (positive; the kernels' time, reported apart, too); the
+    CPU route has no kernel time to leave out."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    req = json.dumps({"case": "train_cached", "calls": 3, "warmup": 1, "voxels": 40, "channels": 16})
+    answers = {}
+    for module in ("spconv.pytorch:gpu-code", "spconv.pytorch"):
+        out = subprocess.run([sys.executable, os.path.join(root, "bench", "layer_host_worker.py"), module],
+                             input=req + "\n\n", capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, PYTHONPATH=root), cwd=root)
+        assert out.returncode == 0, out.stderr[-2000:]
+        answers[module] = json.loads(out.stdout.splitlines()[0])
+    gpu = answers["spconv.pytorch:gpu-code"]
+    assert "error" not in gpu and len(gpu["us"]) == 3 and min(gpu["us"]) > 0
+    assert min(gpu["kernel_us"]) > 0  # the kernels ran and their time was taken out
+    cpu = answers["spconv.pytorch"]
+    assert "error" not in cpu and len(cpu["us"]) == 3 and cpu["kernel_us"] == [0, 0, 0]
