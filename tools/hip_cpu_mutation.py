@@ -240,6 +240,8 @@ def run_one(m: Mutation, jobs: Optional[int]) -> str:
     tmp = tempfile.mkdtemp(prefix="spconv-mutant-")
     try:
         shutil.copytree(os.path.join(REPO, "csrc"), os.path.join(tmp, "csrc"))
+        # csrc/ops/build_info.cpp includes the public header shipped inside the package
+        shutil.copytree(os.path.join(REPO, "spconv", "include"), os.path.join(tmp, "spconv", "include"))
         apply(m, tmp)
         t0 = time.time()
         try:
