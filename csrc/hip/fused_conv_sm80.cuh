@@ -6,8 +6,8 @@
 // the active kernel offsets in order, each in steps of TK channels (zero-padded past cin; the SIMT body's
 // 32-channel steps in the same order). A K step's gathered rows and filter slice are copied global -> shared
 // with cp.async into one of S stages, S - 1 steps ahead of the step being multiplied; each thread copies the
-// same TK / 32 16-byte pieces of A (row tid / 4, 32 channels apart) and of B (32 rows apart) at every step, so
-// it keeps its row's neighbour index in a register and reads the next active offset's index one offset ahead.
+// same TK / 32 16-byte pieces of A (row tid / 4) and of B (one row), 32 channels apart, at every step, so it
+// keeps its row's neighbour index in a register and reads the next active offset's index one offset ahead.
 // Rows padded by 8 elements (16 bytes): the eight row addresses of an ldmatrix fall in distinct bank groups.
 // 8 warps as 2 (rows) x 4 (channels), a 32 x 16 warp tile: per 16-deep slice two ldmatrix.x4 of A, one
 // ldmatrix.x4.trans of B and four mma.sync m16n8k16 into fp32 accumulators, stored straight from registers.
@@ -18,8 +18,8 @@
 // within one offset; the move to the next offset (neighbour read, pointers) runs between its runs.
 
 // K step shapes (static shared memory stays under 48 KiB): 32-channel steps in 4 stages, or 64-channel steps
-// in 2 stages (twice the MMAs per barrier and per copy issue, the same bytes in flight). A stage holds both
-// tiles, so one offset per stage addresses both.
+// in 2 stages (the same shared memory; twice the MMAs per barrier and per copy issue, copies one step ahead
+// instead of three). A stage holds both tiles, so one offset per stage addresses both.
 template <int TK>
 struct Sm80Stage {
   static constexpr int kLdA = TK + 8, kLdB = BN + 8;  // padded row strides (elements)
@@ -37,8 +37,8 @@ using Sm80Shallow = Sm80Tiles<32, 4>;
 using Sm80Deep = Sm80Tiles<64, 2>;
 static_assert(BM * 32 / 8 == kThreads && BN == 64, "A: 4 threads per row; B: 8 / pieces threads per row");
 
-// The deep K step where it adds no padding to the 32-channel steps (an even count of them), or where the
-// padding is at most one 32-channel step in five.
+// The deep K step where it adds no padding to the 32-channel steps (an even count of them), or at most one
+// padding step to five or more (every cin > 96).
 __device__ __forceinline__ bool sm80_deep_k(int cin) {
   const int c32 = (cin + 31) / 32;
   return c32 % 2 == 0 || c32 > 4;
