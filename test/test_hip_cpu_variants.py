@@ -24,12 +24,14 @@ cpu = torch.ops.spconv
 EMULATED = ["wmma", "mfma", "sm80"]
 DTYPES = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 # (cin, cout, geometry): channels a multiple of 8 (vector loads) and not, one past a tile, several K steps and
-# column tiles; kernel volumes 27 and 8; a sparse map whose offsets leave whole row tiles empty (mask walk).
+# column tiles; kernel volumes 27 and 8; a sparse map whose offsets leave whole row tiles empty (mask walk);
+# several 64-channel K steps per offset without vector loads (the sm80 body's deep K step, scalar copies).
 CASES = {
     "vec": (40, 72, dict(shape=[6, 7, 5], batch=2, n=120, ksize=3)),
     "scalar": (13, 70, dict(shape=[6, 7, 5], batch=2, n=120, ksize=3)),
     "wide": (72, 136, dict(shape=[8, 8, 8], batch=1, n=100, ksize=2, stride=2, subm=False)),
     "sparse": (33, 65, dict(shape=[12, 12, 12], batch=1, n=150, ksize=3)),
+    "deep": (140, 12, dict(shape=[5, 5, 5], batch=1, n=50, ksize=3)),
 }
 
 

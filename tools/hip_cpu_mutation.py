@@ -138,14 +138,17 @@ MUTATIONS = [
              "static_cast<uint32_t>(Bs[ks + 4 + t][c]), static_cast<uint32_t>(Bs[ks + t][c])",
              ["test/test_hip_cpu_int8.py", "-k", "wmma"], requires="csrc/hip/emu", variant="wmma",
              why="NVIDIA integer MMA body: the two K halves of the B fragment are swapped"),
-    Mutation("sm80_wait_one_group_short", "csrc/hip/fused_conv_sm80.cuh", "tc::cp_async_wait_group<kStages - 2>();",
-             "tc::cp_async_wait_group<kStages - 1>();", ["test/test_hip_cpu_variants.py", "-k", "sm80"],
+    Mutation("sm80_wait_one_group_short", "csrc/hip/fused_conv_sm80.cuh", "tc::cp_async_wait_group<S - 2>();",
+             "tc::cp_async_wait_group<S - 1>();", ["test/test_hip_cpu_variants.py", "-k", "sm80"],
              requires="csrc/hip/emu", variant="sm80",
              why="pipelined sm_80 body: a K step is multiplied before its cp.async group is waited for"),
     Mutation("sm80_step_barrier_removed", "csrc/hip/fused_conv_sm80.cuh",
-             "    __syncthreads();                          // everyone's have; step i - 1's stage is free\n", "",
+             "  __syncthreads();                   // everyone's have; step i - 1's stage is free\n", "",
              ["test/test_hip_cpu_variants.py", "-k", "sm80"], requires="csrc/hip/emu", variant="sm80",
              why="pipelined sm_80 body: no barrier between the threads' cp.async waits and the fragment loads"),
+    Mutation("sm80_run_past_offset", "csrc/hip/fused_conv_sm80.cuh", "const int run = left < rest ? left : rest;",
+             "const int run = rest;", ["test/test_hip_cpu_variants.py", "-k", "sm80"], requires="csrc/hip/emu",
+             variant="sm80", why="pipelined sm_80 body: a run of copies goes past its offset's channels"),
 ]
 
 
@@ -237,6 +240,8 @@ def run_one(m: Mutation, jobs: Optional[int]) -> str:
     tmp = tempfile.mkdtemp(prefix="spconv-mutant-")
     try:
         shutil.copytree(os.path.join(REPO, "csrc"), os.path.join(tmp, "csrc"))
+        # csrc/ops/build_info.cpp includes the public header shipped inside the package
+        shutil.copytree(os.path.join(REPO, "spconv", "include"), os.path.join(tmp, "spconv", "include"))
         apply(m, tmp)
         t0 = time.time()
         try:

@@ -6,7 +6,7 @@ multiply-add (an FMA, or a multiply with its add) the instructions and global lo
 Per multiply-add of the inner loop, instructions and loads say how far a kernel is from the FMA units' rate
 before any memory effect: what a first GPU run would show, measured on a machine without one.
 
-Usage:  python3 tools/sass_loops.py csrc/hip/grouped_conv.cu [--kernel REGEX] [--arch sm_90]
+Usage:  python3 tools/sass_loops.py csrc/hip/grouped_conv.cu [--kernel REGEX] [--arch sm_90] [-D NAME[=VALUE]]...
         (an older version: git show REV:csrc/hip/X.cu > /tmp/X.cu; the headers come from csrc/hip)
 Needs nvcc and cuobjdump (on the PATH, in $CUDA_HOME/bin, or the copy some Python packages bundle).
 """
@@ -23,7 +23,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Opcode families counted per loop (the regex matches the opcode without its predicate).
 COUNTS = [("FMA", r"^(FFMA|DFMA|HFMA2)"), ("MUL", r"^(FMUL|DMUL|HMUL2)"), ("ADD", r"^(FADD|DADD|HADD2)(?!\.F32)"),
-          ("MMA", r"^(HMMA|IMMA|HGMMA)"), ("LDG", r"^LDG"), ("LDS", r"^LDS")]
+          ("MMA", r"^(HMMA|IMMA|HGMMA)"), ("LDG", r"^LDG(?!STS|DEPBAR)"), ("LDGSTS", r"^LDGSTS"),
+          ("LDS", r"^LDS")]  # LDGSTS: cp.async (global -> shared); LDS also counts LDSM (ldmatrix)
 
 
 def find_cuobjdump() -> str:
@@ -40,14 +41,34 @@ def find_cuobjdump() -> str:
     sys.exit("sass_loops: cuobjdump not found (PATH, $CUDA_HOME/bin or a bundled copy)")
 
 
-def disassemble(source: str, arch: str) -> str:
+def disassemble(source: str, arch: str, defines=()) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
-        subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O3", "-x", "cu", "--expt-relaxed-constexpr", f"-arch={arch}",
+        res = subprocess.run(["nvcc", "-cubin", "-std=c++17", "-O3", "-x", "cu", "--expt-relaxed-constexpr", f"-arch={arch}",
+                        "-Xptxas", "-v"] + [f"-D{d}" for d in defines] + [
                         "-I" + os.path.join(REPO, "csrc", "include"), "-I" + os.path.join(REPO, "csrc"),
                         "-I" + os.path.join(REPO, "csrc", "hip"), source,
-                        "-o", cubin], check=True)
-        return subprocess.run([find_cuobjdump(), "-sass", cubin], check=True, capture_output=True, text=True).stdout
+                        "-o", cubin], check=True, capture_output=True, text=True)
+        sass = subprocess.run([find_cuobjdump(), "-sass", cubin], check=True, capture_output=True, text=True).stdout
+        return sass, ptxas_usage(res.stdout + res.stderr)
+
+
+def ptxas_usage(log: str):
+    """{mangled name: 'N registers, S bytes spill stores, L bytes spill loads, M bytes smem'} from ptxas -v."""
+    out, cur = {}, None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            cur = m.group(1)
+            out[cur] = ""
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and cur:
+            out[cur] = f"stack frame {m.group(1)} B, spill stores {m.group(2)} B, spill loads {m.group(3)} B"
+        m = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", line)
+        if m and cur:
+            out[cur] = f"{m.group(1)} registers, {m.group(2)} B static smem, " + out[cur]
+    return out
 
 
 def kernels(sass: str):
@@ -88,20 +109,26 @@ def main() -> None:
     ap.add_argument("source")
     ap.add_argument("--kernel", default=".", help="regex on the demangled kernel name")
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("-D", "--define", action="append", default=[], metavar="NAME[=VALUE]",
+                    help="a macro for the compile (repeatable), e.g. -D SPCONV_FUSED_SM80")
     args = ap.parse_args()
-    ks = kernels(disassemble(args.source, args.arch))
+    sass, usage = disassemble(args.source, args.arch, args.define)
+    ks = kernels(sass)
     names = demangle(list(ks))
     for mangled, ins in sorted(ks.items(), key=lambda kv: names[kv[0]]):
         name = names[mangled].replace("spconv::gpu::(anonymous namespace)::", "")
         if not re.search(args.kernel, name):
             continue
-        print(f"{name.split('(')[0]}: {len(ins)} instructions")
+        local = sum(1 for _, t in ins if re.match(r"^(LDL|STL)", t))
+        print(f"{name.split('(')[0]}: {len(ins)} instructions, {local} local loads/stores (LDL/STL); "
+              + usage.get(mangled, ""))
         for start, end, body in loops(ins):
             c = {k: sum(1 for t in body if re.match(p, t)) for k, p in COUNTS}
             mac = c["FMA"] + c["MUL"]  # multiply-adds: an FMA, or a multiply and its add (never contracted)
             if mac < 2 and not c["MMA"]:
                 continue
             per = f"; per multiply-add {len(body) / mac:.1f} instructions, {c['LDG'] / mac:.2f} loads" if mac else ""
+            per += f"; per MMA {len(body) / c['MMA']:.1f} instructions" if c["MMA"] else ""
             print(f"  loop {start:#06x}-{end:#06x}: {len(body)} instructions, "
                   + ", ".join(f"{k} {v}" for k, v in c.items()) + per)
 

@@ -3,25 +3,46 @@
 // with tc_sm80.h's instructions (real PTX, or the emulators of the sm80 HIP-CPU variant).
 //
 // Same tile, launch shape and K order as the SIMT body: 64 output rows x 64 channels per block, 256 threads,
-// the active kernel offsets in order, each in 32-channel steps (zero-padded past cin). A K step's gathered
-// rows and filter slice are copied global -> shared with cp.async into one of kStages stages, kStages - 1
-// steps ahead of the step being multiplied; each thread copies the same 16 bytes of A (row tid / 4) and of B
-// at every step, so it keeps its row's neighbour index in a register and reads the next active offset's index
-// one offset ahead. Rows padded by 8 elements (16 bytes): the eight row addresses of an ldmatrix fall in
-// distinct bank groups. 8 warps as 2 (rows) x 4 (channels), a 32 x 16 warp tile: per 16-deep slice two
-// ldmatrix.x4 of A, one ldmatrix.x4.trans of B and four mma.sync m16n8k16 into fp32 accumulators, stored
-// straight from registers. Where the 16-byte copies are not allowed (a.vec == 0) the same thread writes the
-// same elements with ordinary loads and stores, in the same pipeline.
+// the active kernel offsets in order, each in steps of TK channels (zero-padded past cin; the SIMT body's
+// 32-channel steps in the same order). A K step's gathered rows and filter slice are copied global -> shared
+// with cp.async into one of S stages, S - 1 steps ahead of the step being multiplied; each thread copies the
+// same TK / 32 16-byte pieces of A (row tid / 4) and of B (one row), 32 channels apart, at every step, so it
+// keeps its row's neighbour index in a register and reads the next active offset's index one offset ahead.
+// Rows padded by 8 elements (16 bytes): the eight row addresses of an ldmatrix fall in distinct bank groups.
+// 8 warps as 2 (rows) x 4 (channels), a 32 x 16 warp tile: per 16-deep slice two ldmatrix.x4 of A, one
+// ldmatrix.x4.trans of B and four mma.sync m16n8k16 into fp32 accumulators, stored straight from registers.
+// Where the 16-byte copies are not allowed (a.vec == 0) the same thread writes the same elements with ordinary
+// loads and stores, in the same pipeline.
 // One barrier per K step: after it, step i's data is visible (each thread waited for its own copies before)
-// and stage (i - 1) % kStages is no longer read, so the copies of step i + kStages - 1 go there.
+// and stage (i - 1) % S is no longer read, so the copies of step i + S - 1 go there. The step loop only copies
+// within one offset; the move to the next offset (neighbour read, pointers) runs between its runs.
 
-constexpr int kStages = 4;
-constexpr int kLdA = BK + 8, kLdB = BN + 8;  // padded row strides (elements)
-
-struct Sm80Tiles {
-  uint16_t a[kStages][BM][kLdA];
-  uint16_t b[kStages][BK][kLdB];
+// K step shapes (static shared memory stays under 48 KiB): 32-channel steps in 4 stages, or 64-channel steps
+// in 2 stages (the same shared memory; twice the MMAs per barrier and per copy issue, copies one step ahead
+// instead of three). A stage holds both tiles, so one offset per stage addresses both.
+template <int TK>
+struct Sm80Stage {
+  static constexpr int kLdA = TK + 8, kLdB = BN + 8;  // padded row strides (elements)
+  uint16_t a[BM][kLdA];
+  uint16_t b[TK][kLdB];
 };
+template <int TK, int S>
+struct Sm80Tiles {
+  using Stage = Sm80Stage<TK>;
+  static constexpr int kK = TK, kStages = S, kLdA = Stage::kLdA, kLdB = Stage::kLdB;
+  static constexpr int kPieces = TK / 32;  // 16-byte pieces of A and of B per thread and step, 32 apart
+  Stage stage[S];
+};
+using Sm80Shallow = Sm80Tiles<32, 4>;
+using Sm80Deep = Sm80Tiles<64, 2>;
+static_assert(BM * 32 / 8 == kThreads && BN == 64, "A: 4 threads per row; B: 8 / pieces threads per row");
+
+// The deep K step where it adds no padding to the 32-channel steps (an even count of them), or at most one
+// padding step to five or more (every cin > 96).
+__device__ __forceinline__ bool sm80_deep_k(int cin) {
+  const int c32 = (cin + 31) / 32;
+  return c32 % 2 == 0 || c32 > 4;
+}
 
 // Walks the active offsets group by group (mask bit g: offsets [k0 + g gs, k0 + (g + 1) gs) of [k0, k1)), so
 // that the next offset costs a compare, not a division.
@@ -45,8 +66,9 @@ __device__ __forceinline__ void walk_next(const FwdArgs& a, unsigned int mask, O
   if (++w.k >= w.k_end) walk_group(a, mask, w, w.grp + 1);
 }
 
-// Issues the copies of the K steps in order; each thread owns one 16-byte piece (8 elements) of the A tile
-// (row ar, channels akk..) and of the B tile (row bkk, channels bn..) at every step.
+// Issues the copies of the K steps in order; each thread owns the same pieces of the A tile (row ar, channels
+// akk + 32 p) and of the B tile (row bkk, channels bn + 32 p) at every step. Tile addresses are byte offsets
+// in stage 0 (a stage's offset is added per step).
 struct Sm80Issuer {
   OffsetWalk cur, next;     // offset of the step to issue next, and the active offset after it
   int c0;                   // its first channel
@@ -55,8 +77,9 @@ struct Sm80Issuer {
   const uint16_t* pa;       // x[src][c0 + akk] (meaningless without a neighbour)
   bool a_live;              // this thread's A row has a neighbour at cur.k
   const uint16_t* pb;       // w[k][c0 + bkk][n0 + bn]
-  bool col_ok;              // n0 + bn < cout
+  bool col_ok[2];           // n0 + bn + 32 p < cout
   int ar, akk, bkk, bn;
+  uint32_t da, db;          // &As[ar][akk], &Bs[bkk][bn] in stage 0
 };
 
 __device__ __forceinline__ int32_t neighbour(const FwdArgs& a, int32_t row, int k) {
@@ -73,112 +96,191 @@ __device__ __forceinline__ void issuer_at_offset(const FwdArgs& a, Sm80Issuer& i
   is.pb = w + (int64_t(is.cur.k) * a.cin + is.bkk) * a.cout + int64_t(blockIdx.y) * BN + is.bn;
 }
 
-template <bool Vec>
-__device__ __forceinline__ void sm80_issue(const FwdArgs& a, unsigned int mask, Sm80Issuer& is, uint16_t (*As)[kLdA],
-                                           uint16_t (*Bs)[kLdB]) {
-  const int cin = static_cast<int>(a.cin);  // launch_forward refuses cin past int
-  const bool a_ok = is.a_live && is.c0 + is.akk < cin, b_ok = is.col_ok && is.c0 + is.bkk < cin;
-  if constexpr (Vec) {  // cin, cout multiples of 8: a piece is wholly inside or wholly out
-    tc::cp_async<16>(&As[is.ar][is.akk], a_ok ? is.pa : static_cast<const uint16_t*>(a.x), a_ok ? 16 : 0);
-    tc::cp_async<16>(&Bs[is.bkk][is.bn], b_ok ? is.pb : static_cast<const uint16_t*>(a.w), b_ok ? 16 : 0);
-  } else {
-    const int64_t col = int64_t(blockIdx.y) * BN + is.bn;
-    for (int e = 0; e < 8; ++e) {
-      As[is.ar][is.akk + e] = (a_ok && is.c0 + is.akk + e < cin) ? is.pa[e] : uint16_t(0);
-      Bs[is.bkk][is.bn + e] = (is.c0 + is.bkk < cin && col + e < a.cout) ? is.pb[e] : uint16_t(0);
-    }
-  }
-  is.c0 += BK;
-  is.pa += BK;
-  is.pb += int64_t(BK) * a.cout;
-  if (is.c0 >= cin) {  // on to the next active offset, whose neighbour was read one offset ago
-    is.cur = is.next;
-    issuer_at_offset(a, is, is.src_next);
-    walk_next(a, mask, is.next);
-    is.src_next = neighbour(a, is.row, is.next.k);
-  }
+// On to the next active offset, whose neighbour was read one offset ago.
+__device__ __forceinline__ void issuer_next_offset(const FwdArgs& a, unsigned int mask, Sm80Issuer& is) {
+  is.cur = is.next;
+  issuer_at_offset(a, is, is.src_next);
+  walk_next(a, mask, is.next);
+  is.src_next = neighbour(a, is.row, is.next.k);
 }
 
-// acc[mi][nj] += the warp's 32x16 slice of A (rows wr..) times B (cols wc..) over one 16-deep slice at ks.
-template <typename T>
-__device__ __forceinline__ void sm80_slice(const uint16_t (*As)[kLdA], const uint16_t (*Bs)[kLdB], int wr, int wc,
-                                           int ks, int lane, float (&acc)[2][2][4]) {
-  const int i = lane / 8, j = lane % 8;  // this lane addresses row j of matrix i
-  uint32_t af[2][4], bf[4];
-  for (int mi = 0; mi < 2; ++mi)  // matrices: rows 0-7 / 8-15 (i % 2) x k 0-7 / 8-15 (i / 2): A's registers
-    tc::ldmatrix<4, false>(af[mi], &As[wr + 16 * mi + j + 8 * (i % 2)][ks + 8 * (i / 2)]);
-  // B stored [k][n]: transposed loads of k 0-7 / 8-15 (i % 2) x n 0-7 / 8-15 (i / 2) give each n8 tile's two
-  // registers (bf[2 nj], bf[2 nj + 1]).
-  tc::ldmatrix<4, true>(bf, &Bs[ks + j + 8 * (i % 2)][wc + 8 * (i / 2)]);
-  for (int mi = 0; mi < 2; ++mi)
-    for (int nj = 0; nj < 2; ++nj) {
-      const uint32_t b2[2] = {bf[2 * nj], bf[2 * nj + 1]};
-      tc::mma_m16n8k16<T>(acc[mi][nj], af[mi], b2);
-    }
-}
-
-// The body for one kind of tile copy (Vec: cp.async), so that the main loop holds only that one.
-template <typename T, bool Vec>
-__device__ __forceinline__ void forward_sm80_loop(const FwdArgs& a, TileState& st, Sm80Tiles& sm) {
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int wr = (warp / 4) * 32, wc = (warp % 4) * 16;
-  const unsigned int mask = tile_prologue(a, st);
-  // K steps of this tile: every active offset times the 32-channel steps (the same count in every thread).
-  const int chunks = static_cast<int>((a.cin + BK - 1) / BK);
-  int active = 0;
-  for (int k = a.k0; k < a.k1; ++k) active += offset_active(a, mask, k) ? 1 : 0;
-  const int steps = active * chunks;
-
-  Sm80Issuer is;
-  is.ar = tid / (BK / 8);
-  is.akk = (tid % (BK / 8)) * 8;
-  is.bkk = tid / (BN / 8);
-  is.bn = (tid % (BN / 8)) * 8;
-  is.col_ok = int64_t(blockIdx.y) * BN + is.bn < a.cout;
+template <typename Tiles>
+__device__ __forceinline__ void issuer_init(const FwdArgs& a, const TileState& st, unsigned int mask,
+                                            Sm80Issuer& is) {
+  constexpr int kRowThreads = 8 / Tiles::kPieces;  // threads per B row
+  const int tid = threadIdx.x;
+  is.ar = tid / 4;
+  is.akk = (tid % 4) * 8;
+  is.bkk = tid / kRowThreads;
+  is.bn = (tid % kRowThreads) * 8;
+  for (int p = 0; p < 2; ++p) is.col_ok[p] = int64_t(blockIdx.y) * BN + is.bn + 32 * p < a.cout;
+  is.da = static_cast<uint32_t>(offsetof(typename Tiles::Stage, a)) + (is.ar * Tiles::kLdA + is.akk) * 2u;
+  is.db = static_cast<uint32_t>(offsetof(typename Tiles::Stage, b)) + (is.bkk * Tiles::kLdB + is.bn) * 2u;
   is.row = st.rows[is.ar];
   walk_group(a, mask, is.cur, 0);
   is.next = is.cur;
   walk_next(a, mask, is.next);
   issuer_at_offset(a, is, neighbour(a, is.row, is.cur.k));
   is.src_next = neighbour(a, is.row, is.next.k);
+}
 
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) sm80_issue<Vec>(a, mask, is, sm.a[s], sm.b[s]);
-    tc::cp_async_commit();  // empty groups keep the count of groups per step uniform
-  }
-  float acc[2][2][4] = {};
-  for (int i = 0; i < steps; ++i) {
-    tc::cp_async_wait_group<kStages - 2>();  // this thread's copies of step i have landed
-    __syncthreads();                          // everyone's have; step i - 1's stage is free
-    const int next = i + kStages - 1;
-    if (next < steps) sm80_issue<Vec>(a, mask, is, sm.a[next % kStages], sm.b[next % kStages]);
-    tc::cp_async_commit();
-    const int s = i % kStages;
+// The copies of one K step (channels c0.. of the current offset) into the stage at `stage`, then the issuer
+// moves TK channels on. With src-size 0 a cp.async reads nothing, so its source needs no substitute.
+template <typename Tiles, bool Vec>
+__device__ __forceinline__ void sm80_copy(const FwdArgs& a, Sm80Issuer& is, unsigned char* stage) {
+  const int cin = static_cast<int>(a.cin);  // launch_forward refuses cin past int
+  const bool b_k_ok = is.c0 + is.bkk < cin;
 #pragma unroll
-    for (int ks = 0; ks < BK; ks += 16) sm80_slice<T>(sm.a[s], sm.b[s], wr, wc, ks, lane, acc);
+  for (int p = 0; p < Tiles::kPieces; ++p) {
+    const int ca = is.c0 + is.akk + 32 * p;
+    const bool a_ok = is.a_live && ca < cin, b_ok = is.col_ok[p] && b_k_ok;
+    uint16_t* da = reinterpret_cast<uint16_t*>(stage + is.da) + 32 * p;
+    uint16_t* db = reinterpret_cast<uint16_t*>(stage + is.db) + 32 * p;
+    if constexpr (Vec) {  // cin, cout multiples of 8: a piece is wholly inside or wholly out
+      tc::cp_async<16>(da, is.pa + 32 * p, a_ok ? 16 : 0);
+      tc::cp_async<16>(db, is.pb + 32 * p, b_ok ? 16 : 0);
+    } else {
+      const int64_t col = int64_t(blockIdx.y) * BN + is.bn + 32 * p;
+      for (int e = 0; e < 8; ++e) {
+        da[e] = (a_ok && ca + e < cin) ? is.pa[32 * p + e] : uint16_t(0);
+        db[e] = (b_k_ok && col + e < a.cout) ? is.pb[32 * p + e] : uint16_t(0);
+      }
+    }
   }
-  tc::cp_async_wait_all();
-  // Accumulator element q of tile (mi, nj): row g + 8 (q / 2), column 2 t + q % 2 of the 16x8 tile.
+  is.c0 += Tiles::kK;
+  is.pa += Tiles::kK;
+  is.pb += int64_t(Tiles::kK) * a.cout;
+}
+
+// One K step's multiplies out of `stage`: per 16-deep slice, acc[mi][nj] += the warp's 32x16 slice of A (rows
+// wr..) times B (cols wc..). fa, fb: this lane's ldmatrix rows in stage 0 (see sm80_fragment_rows).
+template <typename T, typename Tiles>
+__device__ __forceinline__ void sm80_multiply(const unsigned char* stage, uint32_t fa, uint32_t fb,
+                                              float (&acc)[2][2][4]) {
+  const uint16_t* As = reinterpret_cast<const uint16_t*>(stage + fa);
+  const uint16_t* Bs = reinterpret_cast<const uint16_t*>(stage + fb);
+#pragma unroll
+  for (int ks = 0; ks < Tiles::kK; ks += 16) {
+    uint32_t af[2][4], bf[4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) tc::ldmatrix<4, false>(af[mi], As + 16 * mi * Tiles::kLdA + ks);
+    tc::ldmatrix<4, true>(bf, Bs + ks * Tiles::kLdB);
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj) {
+        const uint32_t b2[2] = {bf[2 * nj], bf[2 * nj + 1]};
+        tc::mma_m16n8k16<T>(acc[mi][nj], af[mi], b2);
+      }
+  }
+}
+
+// This lane's ldmatrix rows (byte offsets in stage 0). A: matrices rows 0-7 / 8-15 (i % 2) x k 0-7 / 8-15
+// (i / 2) give A's registers. B stored [k][n]: transposed loads of k 0-7 / 8-15 (i % 2) x n 0-7 / 8-15 (i / 2)
+// give each n8 tile's two registers (bf[2 nj], bf[2 nj + 1]).
+template <typename Tiles>
+__device__ __forceinline__ void sm80_fragment_rows(int wr, int wc, int lane, uint32_t& fa, uint32_t& fb) {
+  const int i = lane / 8, j = lane % 8;  // this lane addresses row j of matrix i
+  fa = static_cast<uint32_t>(offsetof(typename Tiles::Stage, a)) +
+       ((wr + j + 8 * (i % 2)) * Tiles::kLdA + 8 * (i / 2)) * 2u;
+  fb = static_cast<uint32_t>(offsetof(typename Tiles::Stage, b)) +
+       ((j + 8 * (i % 2)) * Tiles::kLdB + wc + 8 * (i / 2)) * 2u;
+}
+
+// Step i's copies have landed for every thread, and stage (i - 1) % S is no longer read.
+template <int S>
+__device__ __forceinline__ void sm80_step_wait() {
+  tc::cp_async_wait_group<S - 2>();  // this thread's copies of step i have landed
+  __syncthreads();                   // everyone's have; step i - 1's stage is free
+}
+
+// Accumulator element q of tile (mi, nj): row g + 8 (q / 2), column 2 t + q % 2 of the 16x8 tile. Unrolled
+// with constant indices, so the accumulators stay in registers.
+template <typename T>
+__device__ __forceinline__ void sm80_store(const FwdArgs& a, const TileState& st, int wr, int wc, int lane,
+                                           const float (&acc)[2][2][4]) {
   const int g = lane / 4, t = lane % 4;
   const int64_t n0 = int64_t(blockIdx.y) * BN;
+#pragma unroll
   for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
     for (int q2 = 0; q2 < 2; ++q2) {
       const int32_t row = st.rows[wr + 16 * mi + g + 8 * q2];
-      if (row < 0) continue;
+#pragma unroll
       for (int nj = 0; nj < 2; ++nj)
+#pragma unroll
         for (int q1 = 0; q1 < 2; ++q1) {
           const int64_t col = n0 + wc + 8 * nj + 2 * t + q1;
-          if (col < a.cout) store_output<T>(a, row, col, acc[mi][nj][2 * q2 + q1]);
+          if (row >= 0 && col < a.cout) store_output<T>(a, row, col, acc[mi][nj][2 * q2 + q1]);
         }
     }
 }
 
+// The body for one K step shape and one kind of tile copy (Vec: cp.async), so that the loop holds only those.
+template <typename T, typename Tiles, bool Vec>
+__device__ __forceinline__ void forward_sm80_loop(const FwdArgs& a, TileState& st, unsigned char* sm) {
+  constexpr int TK = Tiles::kK, S = Tiles::kStages;
+  constexpr uint32_t kStage = sizeof(typename Tiles::Stage);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wr = (warp / 4) * 32, wc = (warp % 4) * 16;
+  const unsigned int mask = tile_prologue(a, st);
+  // K steps of this tile: every active offset times the TK-channel steps (the same count in every thread).
+  const int cin = static_cast<int>(a.cin);
+  const int chunks = (cin + TK - 1) / TK;
+  int active = 0;
+  for (int k = a.k0; k < a.k1; ++k) active += offset_active(a, mask, k) ? 1 : 0;
+  const int steps = active * chunks;
+
+  Sm80Issuer is;
+  issuer_init<Tiles>(a, st, mask, is);
+  uint32_t fa, fb;
+  sm80_fragment_rows<Tiles>(wr, wc, lane, fa, fb);
+
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < steps) {
+      sm80_copy<Tiles, Vec>(a, is, sm + s * kStage);
+      if (is.c0 >= cin) issuer_next_offset(a, mask, is);
+    }
+    tc::cp_async_commit();  // empty groups keep the count of groups per step uniform
+  }
+  float acc[2][2][4] = {};
+  unsigned int i = 0;  // unsigned: i % S is a mask
+  // Runs of steps whose copies (S - 1 steps ahead) stay in the issuer's offset (the same run in every thread).
+  while (int(i) + S - 1 < steps) {
+    const int left = (cin - is.c0 + TK - 1) / TK, rest = steps - (int(i) + S - 1);
+    const int run = left < rest ? left : rest;
+    for (int r = 0; r < run; ++r, ++i) {
+      sm80_step_wait<S>();
+      sm80_copy<Tiles, Vec>(a, is, sm + (i + S - 1) % S * kStage);
+      tc::cp_async_commit();
+      sm80_multiply<T, Tiles>(sm + i % S * kStage, fa, fb, acc);
+    }
+    if (is.c0 >= cin) issuer_next_offset(a, mask, is);
+  }
+  for (; int(i) < steps; ++i) {  // the last S - 1 steps: nothing left to copy
+    sm80_step_wait<S>();
+    tc::cp_async_commit();
+    sm80_multiply<T, Tiles>(sm + i % S * kStage, fa, fb, acc);
+  }
+  tc::cp_async_wait_all();
+  sm80_store<T>(a, st, wr, wc, lane, acc);
+}
+
+template <typename T, bool Vec>
+__device__ __forceinline__ void forward_sm80_shape(const FwdArgs& a, TileState& st, unsigned char* sm) {
+  if (sm80_deep_k(static_cast<int>(a.cin)))
+    forward_sm80_loop<T, Sm80Deep, Vec>(a, st, sm);
+  else
+    forward_sm80_loop<T, Sm80Shallow, Vec>(a, st, sm);
+}
+
 template <typename T>
 __device__ void forward_sm80(const FwdArgs& a) {
+  constexpr size_t kBytes = sizeof(Sm80Deep) > sizeof(Sm80Shallow) ? sizeof(Sm80Deep) : sizeof(Sm80Shallow);
   __shared__ TileState st;
-  __shared__ __attribute__((aligned(16))) Sm80Tiles sm;  // one copy for both loops (static shared memory)
+  __shared__ __attribute__((aligned(16))) unsigned char sm[kBytes];  // one copy for every loop (static)
   if (a.vec)
-    forward_sm80_loop<T, true>(a, st, sm);
+    forward_sm80_shape<T, true>(a, st, sm);
   else
-    forward_sm80_loop<T, false>(a, st, sm);
+    forward_sm80_shape<T, false>(a, st, sm);
 }
