@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compile check of the GPU code without a GPU: every csrc/hip/*.cu with nvcc (sm_80, sm_90) and with hipcc
 # (gfx906, gfx90a), the int8 kernel's body on each target (dp4a sm_75, mma s8 sm_80, sdot4 gfx906, MFMA
-# gfx90a), and the GPU glue csrc/ops/gpu/*.cpp with the host C++ compiler against the installed
-# torch headers (syntax only). Exits non-zero on any error.
+# gfx90a), the GPU glue csrc/ops/gpu/*.cpp with the host C++ compiler against the installed torch headers
+# (syntax only), and the static budget of the sm_80 tensor-core body's SASS (tools/sass_budget.py). Exits non-zero
+# on any error.
 #   NVCC=...  HIPCC=...  CXX=...          compilers (defaults: nvcc from PATH or CUDA_HOME, hipcc, g++)
 #   SPCONV_SKIP_HIPCC=1 / SPCONV_SKIP_NVCC=1  skip one dialect (CI should not)
 #   JOBS=N                                parallel compiles (default 2)
@@ -105,5 +106,19 @@ if [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ]; then
   body_check sdot4 gfx906 v_dot4_i32_i8 $HC --offload-arch=gfx906 $Q
   body_check mfma_i8 gfx90a v_mfma_i32_16x16x16i8 $HC --offload-arch=gfx90a $Q
 fi
-echo "compile_check_gpu: $(wc -l <"$jobs_file") compiles and the int8 bodies in $(( $(date +%s) - start )) s, status $status"
+# The pipelined sm_80 body's static budget on the SASS (instructions per MMA in its main loops, cp.async present,
+# no local memory), figures in this log. cuobjdump and nvdisasm come from pip's NVIDIA packages where missing.
+if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ]; then
+  PY=${PYTHON:-python3}
+  if ! $PY tools/sass_budget.py --find >/dev/null; then
+    $PY -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm >/dev/null 2>&1 || true
+  fi
+  if $PY tools/sass_budget.py --find >/dev/null; then
+    $PY tools/sass_budget.py || status=1
+  else
+    echo "FAIL sass budget: no cuobjdump (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
+    status=1
+  fi
+fi
+echo "compile_check_gpu: $(wc -l <"$jobs_file") compiles, the int8 bodies and the SASS budget in $(( $(date +%s) - start )) s, status $status"
 exit $status

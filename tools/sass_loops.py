@@ -8,7 +8,8 @@ before any memory effect: what a first GPU run would show, measured on a machine
 
 Usage:  python3 tools/sass_loops.py csrc/hip/grouped_conv.cu [--kernel REGEX] [--arch sm_90] [-D NAME[=VALUE]]...
         (an older version: git show REV:csrc/hip/X.cu > /tmp/X.cu; the headers come from csrc/hip)
-Needs nvcc and cuobjdump (on the PATH, in $CUDA_HOME/bin, or the copy some Python packages bundle).
+Needs nvcc and cuobjdump (on the PATH, in $CUDA_HOME/bin, pip's nvidia-cuda-cuobjdump with
+nvidia-cuda-nvdisasm, or the copy triton bundles).
 """
 import argparse
 import glob
@@ -27,18 +28,22 @@ COUNTS = [("FMA", r"^(FFMA|DFMA|HFMA2)"), ("MUL", r"^(FMUL|DMUL|HMUL2)"), ("ADD"
           ("LDS", r"^LDS")]  # LDGSTS: cp.async (global -> shared); LDS also counts LDSM (ldmatrix)
 
 
-def find_cuobjdump() -> str:
+def find_cuobjdump(required: bool = True) -> str:
+    """cuobjdump's path ('' when missing and not required); its folder must also hold nvdisasm (-sass runs it)."""
     found = shutil.which("cuobjdump")
     if found:
         return found
     home = os.environ.get("CUDA_HOME", "")
     candidates = [os.path.join(home, "bin", "cuobjdump")] if home else []
     for site in sys.path:
+        candidates += sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "bin", "cuobjdump")))  # pip's packages
         candidates += glob.glob(os.path.join(site, "triton", "backends", "nvidia", "bin", "cuobjdump"))
     for c in candidates:
-        if os.access(c, os.X_OK):
+        if os.access(c, os.X_OK) and os.access(os.path.join(os.path.dirname(c), "nvdisasm"), os.X_OK):
             return c
-    sys.exit("sass_loops: cuobjdump not found (PATH, $CUDA_HOME/bin or a bundled copy)")
+    if required:
+        sys.exit("sass_loops: cuobjdump not found (PATH, $CUDA_HOME/bin or a bundled copy)")
+    return ""
 
 
 def disassemble(source: str, arch: str, defines=()) -> str:
@@ -49,7 +54,9 @@ def disassemble(source: str, arch: str, defines=()) -> str:
                         "-I" + os.path.join(REPO, "csrc", "include"), "-I" + os.path.join(REPO, "csrc"),
                         "-I" + os.path.join(REPO, "csrc", "hip"), source,
                         "-o", cubin], check=True, capture_output=True, text=True)
-        sass = subprocess.run([find_cuobjdump(), "-sass", cubin], check=True, capture_output=True, text=True).stdout
+        tool = find_cuobjdump()
+        env = dict(os.environ, PATH=os.path.dirname(tool) + os.pathsep + os.environ.get("PATH", ""))
+        sass = subprocess.run([tool, "-sass", cubin], check=True, capture_output=True, text=True, env=env).stdout
         return sass, ptxas_usage(res.stdout + res.stderr)
 
 
@@ -104,6 +111,22 @@ def loops(ins):
     return sorted(found, key=lambda f: len(f[2]))
 
 
+def loop_figures(body):
+    """{family: count} of one loop's instructions (COUNTS), plus "instructions"."""
+    c = {k: sum(1 for t in body if re.match(p, t)) for k, p in COUNTS}
+    c["instructions"] = len(body)
+    return c
+
+
+def innermost(found):
+    """The loops of loops() that hold no other loop."""
+    return [f for f in found if not any(g is not f and f[0] <= g[0] and g[1] <= f[1] for g in found)]
+
+
+def local_accesses(ins) -> int:
+    return sum(1 for _, t in ins if re.match(r"^(LDL|STL)", t))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source")
@@ -119,18 +142,18 @@ def main() -> None:
         name = names[mangled].replace("spconv::gpu::(anonymous namespace)::", "")
         if not re.search(args.kernel, name):
             continue
-        local = sum(1 for _, t in ins if re.match(r"^(LDL|STL)", t))
+        local = local_accesses(ins)
         print(f"{name.split('(')[0]}: {len(ins)} instructions, {local} local loads/stores (LDL/STL); "
               + usage.get(mangled, ""))
         for start, end, body in loops(ins):
-            c = {k: sum(1 for t in body if re.match(p, t)) for k, p in COUNTS}
+            c = loop_figures(body)
             mac = c["FMA"] + c["MUL"]  # multiply-adds: an FMA, or a multiply and its add (never contracted)
             if mac < 2 and not c["MMA"]:
                 continue
             per = f"; per multiply-add {len(body) / mac:.1f} instructions, {c['LDG'] / mac:.2f} loads" if mac else ""
             per += f"; per MMA {len(body) / c['MMA']:.1f} instructions" if c["MMA"] else ""
             print(f"  loop {start:#06x}-{end:#06x}: {len(body)} instructions, "
-                  + ", ".join(f"{k} {v}" for k, v in c.items()) + per)
+                  + ", ".join(f"{k} {c[k]}" for k, _ in COUNTS) + per)
 
 
 if __name__ == "__main__":
