@@ -24,6 +24,8 @@ else:
 # ---- the GPU code on the CPU (HIP CPU runtime): built once per session by tools/hip_cpu_build.py ----
 import pytest  # noqa: E402
 
+from support.places import GPU_PLACES, Place  # noqa: E402
+
 _TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
 
 
@@ -111,6 +113,12 @@ def run_program(exe, *args, expect_ok=True, timeout=600):
 def hip_cpu():
     """torch.ops.spconv_hipcpu: the GPU glue and kernels built for the HIP CPU runtime, on the CPU key."""
     return hip_cpu_library("simt")
+
+
+@pytest.fixture(params=GPU_PLACES)
+def gpu_place(request):
+    """Where a test body runs the GPU code: the HIP CPU build, and a GPU when there is one (support/places.py)."""
+    return Place("hip_cpu", hip_cpu_library("simt")) if request.param == "hip_cpu" else Place("cuda")
 
 
 # ---- markers: gpu (skipped without a GPU), hip_cpu (also every test that takes the hip_cpu fixture) ----

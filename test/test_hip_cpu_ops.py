@@ -328,39 +328,7 @@ def test_native_route_given_positions_and_strided_filters(dtype):
     assert torch.isfinite(ops.indice_conv(x, w, *args, m.num_out, None, garbage).float()).all()
 
 
-# ---- pooling: bit-exact against the CPU route on the same kernel map ----
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16],
-                         ids=["f32", "f64", "f16", "bf16"])
-@pytest.mark.parametrize("name", ["conv_k2s2", "conv_s2", "subm3"])
-@pytest.mark.parametrize("channels", [5, 64])
-def test_pooling_bit_exact(name, channels, dtype):
-    idx, res, _ = both_maps(name)
-    m = as_maps(res, idx.shape[0])
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(m.num_in, channels, generator=g).to(dtype)
-    x[::7] = x[::7].round()  # ties between window members exercise the first-offset rule of the backward
-    dy = torch.randn(m.num_out, channels, generator=g).to(dtype)
-    ops = hip_ops()
-    args = (m.pair_in, m.pair_out, m.pair_offsets)
-    y, yc = ops.indice_maxpool(x, *args, m.num_out), cpu.indice_maxpool(x, *args, m.num_out)
-    assert torch.equal(y, yc)
-    assert torch.equal(ops.indice_maxpool_backward(x, y, dy, *args), cpu.indice_maxpool_backward(x, yc, dy, *args))
-    (a, cnt), (ac, cntc) = ops.indice_avgpool(x, *args, m.num_out), cpu.indice_avgpool(x, *args, m.num_out)
-    assert torch.equal(cnt, cntc) and torch.equal(a, ac)
-    assert torch.equal(ops.indice_avgpool_backward(dy, cnt, *args, m.num_in),
-                       cpu.indice_avgpool_backward(dy, cntc, *args, m.num_in))
-
-
-def test_pooling_empty():
-    ops = hip_ops()
-    z = torch.zeros(0, dtype=torch.int32)
-    poff = torch.zeros(9, dtype=torch.int64)
-    x = torch.randn(0, 4)
-    assert ops.indice_maxpool(x, z, z, poff, 3).shape == (3, 4)
-    a, cnt = ops.indice_avgpool(x, z, z, poff, 3)
-    ac, cntc = cpu.indice_avgpool(x, z, z, poff, 3)
-    assert torch.equal(a, ac) and torch.equal(cnt, cntc)
+# ---- pooling: the pair ops against the CPU route are in test_pool_gpu_code.py (every place of the GPU code) ----
 
 
 # ---- pooling over neighbour tables (one launch per op): the CPU route's bits on the same map ----

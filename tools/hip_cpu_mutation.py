@@ -163,7 +163,7 @@ KERNEL_TESTS = {
                           "native_route or routes_match_cpu"],  # the grouped native route scatter-adds
     "hash_table_ops.cu": ["test/test_hip_cpu_ops.py", "-k", "hash_table"],
     "point_to_voxel.cu": ["test/test_hip_cpu_ops.py", "-k", "point_to_voxel"],
-    "pool.cu": ["test/test_hip_cpu_ops.py", "-k", "pooling"],
+    "pool.cu": ["test/test_hip_cpu_ops.py", "test/test_pool_gpu_code.py", "-k", "pooling or pool_ops or hip_cpu"],
 }
 # A kernel's first loop: a for header's `i < bound` or a loop macro's element count (SPCONV_POOL_LOOP(m, c)).
 _FIRST_BOUND = re.compile(r"for \(([^;]*);\s*(\w+) < ([^;]+);|(SPCONV_\w+_LOOP)\(([^,()]+),")
