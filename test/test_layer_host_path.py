@@ -111,3 +111,34 @@ def test_host_time_worker_leaves_the_kernels_out(hip_cpu):
     assert min(gpu["kernel_us"]) > 0  # the kernels ran and their time was taken out
     cpu = answers["spconv.pytorch"]
     assert "error" not in cpu and len(cpu["us"]) == 3 and cpu["kernel_us"] == [0, 0, 0]
+
+
+def test_inference_keeps_the_dense_filters_while_the_weight_stays(hip_cpu):
+    """On the fused route a layer without a gradient reuses its dense filters (one launch: the kernel); an in-place
+    update, a new parameter or a dtype change of the weight is seen; pickling the layer carries nothing extra."""
+    import io
+    from spconv import _backend
+    from support.launch_counts import count
+    x = _scene()
+    layer = _layers()[0]
+    with _backend.gpu_code_on_cpu(hip_cpu.name), torch.no_grad():
+        stored = layer(x).indice_dict
+        cached = spconv.SparseConvTensor(x.features, x.indices, x.spatial_shape, 1, indice_dict=stored)
+        layer(cached)
+        kept = count(hip_cpu, lambda: layer(cached))
+        with torch.enable_grad():
+            made = count(hip_cpu, lambda: layer(cached))  # a gradient wanted: the differentiable layout each call
+        assert kept["kernels"] == made["kernels"] == 1 and kept["aten"] == made["aten"] - 1, (kept, made)
+        assert "aten::contiguous" not in kept["ops"] and "aten::contiguous" in made["ops"]
+        for change in (lambda: layer.weight.mul_(0.5),
+                       lambda: setattr(layer, "weight", torch.nn.Parameter(layer.weight * -1.5))):
+            change()
+            twin = _layers()[0]
+            twin.load_state_dict(layer.state_dict())
+            twin_out = twin(cached).features  # a layer that never ran: its filters made now
+            assert torch.equal(layer(cached).features, twin_out)
+        half = _scene()
+        layer_h = layer.half()
+        xs = spconv.SparseConvTensor(half.features.half(), half.indices, half.spatial_shape, 1)
+        assert layer_h(xs).features.dtype == torch.float16
+    torch.save(layer, io.BytesIO())

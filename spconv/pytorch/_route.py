@@ -13,6 +13,7 @@ Rounds: the GPU kernels update a row once per offset, so where the GPU code runs
 offset (duplicate coordinates) runs as its rounds (``pair_rounds.split_rounds``) and the outputs are summed
 (``over_rounds``); the CPU route sums repeats itself.
 """
+import weakref
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -56,6 +57,28 @@ def on_device_rounds(run: Callable, maps, device: torch.device):
 
 
 # ---- dense convolution ----
+
+# layer -> (weak reference to its weight, the weight's identity key, the dense filters); beside the layers rather
+# than on them, so that pickling or copying a layer never carries it.
+_dense_filters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def layer_filters(layer, weight: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """A layer's ``[kvol, Cin, Cout]`` filters. Without a gradient on the fused route, the dense copy its kernels
+    read is kept for the layer while the weight stays the same tensor, storage, version, dtype and device, so that
+    an inference layer launches its kernel alone; otherwise the differentiable permutation (``weight_to_filters``)."""
+    cout, cin = weight.shape[0], weight.shape[-1]
+    if _native.needs_autograd(weight, features) or not _backend.fused_route_enabled(features.device):
+        return _native.weight_to_filters(weight).view(-1, cin, cout)
+    key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, tuple(weight.shape))
+    cached = _dense_filters.get(layer)
+    if cached is None or cached[0]() is not weight or cached[1] != key:
+        with torch.no_grad():
+            filters = _native.weight_to_filters(weight).view(-1, cin, cout).contiguous()
+        cached = (weakref.ref(weight), key, filters)
+        _dense_filters[layer] = cached
+    return cached[2]
+
 
 def conv_features(features: torch.Tensor, filters: torch.Tensor, maps: PairMaps, num_out: int) -> torch.Tensor:
     """Runs one sparse convolution on the route the dispatcher picks; differentiable in features and filters."""

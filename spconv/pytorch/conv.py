@@ -22,7 +22,7 @@ from spconv.pytorch.core import (ImplicitGemmIndiceData, IndiceData, SparseConvT
                                  check_unique_indices, expand_nd)
 from spconv.pytorch._symsize import check_equal
 from spconv.pytorch import functional as Fsp  # noqa: F401  (spconv 2.x names it so here)
-from spconv.pytorch.functional import conv_features, weight_to_filters
+from spconv.pytorch.functional import conv_features
 from spconv.pytorch.modules import SparseModule
 from spconv.pytorch._activation import _activation_name, apply_activation
 
@@ -232,7 +232,7 @@ class SparseConvForward:
                 out = _route.conv_grouped(features, _grouped.weight_to_grouped_filters(weight, self.groups), maps,
                                             outids.shape[0])
             else:
-                out = conv_features(features, weight_to_filters(weight), maps, outids.shape[0])
+                out = conv_features(features, _route.layer_filters(self, weight, features), maps, outids.shape[0])
             out = self._finish(out, bias, add_input, act, alpha)
         return input.with_structure(out, outids, out_spatial_shape, indice_dict)
 
