@@ -2,7 +2,7 @@
 # Compile check of the GPU code without a GPU: every csrc/hip/*.cu with nvcc (sm_80, sm_90) and with hipcc
 # (gfx906, gfx90a), the int8 kernel's body on each target (dp4a sm_75, mma s8 sm_80, sdot4 gfx906, MFMA
 # gfx90a), the GPU glue csrc/ops/gpu/*.cpp with the host C++ compiler against the installed torch headers
-# (syntax only), and the static budget of the sm_80 tensor-core body's SASS (tools/sass_budget.py). Exits non-zero
+# (syntax only), and the static budget of the sm_80 tensor-core bodies' SASS (tools/sass_budget.py). Exits non-zero
 # on any error.
 #   NVCC=...  HIPCC=...  CXX=...          compilers (defaults: nvcc from PATH or CUDA_HOME, hipcc, g++)
 #   SPCONV_SKIP_HIPCC=1 / SPCONV_SKIP_NVCC=1  skip one dialect (CI should not)

@@ -72,7 +72,8 @@ VARIANTS: Dict[str, Variant] = {
     "simt": Variant("spconv_hipcpu", [], None),
     "wmma": Variant("spconv_hipcpu_wmma", ["SPCONV_EMULATE_WMMA=1"], _EMU, _FUSED + _INT8),
     "mfma": Variant("spconv_hipcpu_mfma", ["SPCONV_EMULATE_MFMA=1"], _EMU, _FUSED + _INT8),
-    # The pipelined forward body (cp.async, ldmatrix, mma.sync m16n8k16); dinput and dfilter stay SIMT here.
+    # The pipelined forward and dfilter bodies (cp.async, ldmatrix, mma.sync m16n8k16); dinput runs the forward
+    # body on a mirrored table.
     "sm80": Variant("spconv_hipcpu_sm80", ["SPCONV_EMULATE_SM80=1"], _EMU, _FUSED),
 }
 

@@ -7,7 +7,8 @@ Besides the hand-written MUTATIONS, every csrc/hip/*.cu file gets generated ones
 __syncthreads() removed, one at a time, and in each kernel the bound of its first loop lowered by one (the last
 element is then never written or read). Their tests run with the kernels' threads in descending order
 (SPCONV_HIP_CPU_THREAD_ORDER=descending, csrc/hip/hip_cpu_thread_order.h): in the runtime's ascending order a
-missing barrier between a write by a low thread and reads by higher ones goes unseen.
+missing barrier between a write by a low thread and reads by higher ones goes unseen. A barrier inside an
+`#if defined(SPCONV_FORWARD_SM80)` branch (code of the sm_80 bodies only) is tested on the sm80 variant.
 
 Usage:  python3 tools/hip_cpu_mutation.py [--only NAME ...] [--match TEXT] [--list] [--jobs N]
 (slow-ish: one object rebuild and one test run per mutation; objects of unchanged files come from the cache)
@@ -56,6 +57,7 @@ _FUSED_TESTS = ["test/test_hip_cpu_ops.py", "-k", "fused_forward_dinput_dfilter 
 _MAP_TESTS = ["test/test_hip_cpu_ops.py", "-k", "kernel_map_pairs"]
 _CONV_MAP_TESTS = ["test/test_gpu_conv_map.py", "-k", "cpu_route"]
 _INT8_TESTS = ["test/test_hip_cpu_int8.py"]
+_SM80_DFILTER_TESTS = ["test/test_hip_cpu_variants.py", "-k", "sm80 and same_bits"]
 
 MUTATIONS = [
     Mutation("fwd_barrier_after_load", "csrc/hip/fused_conv.cu", _FWD_LOOP_BARRIER,
@@ -149,6 +151,23 @@ MUTATIONS = [
     Mutation("sm80_run_past_offset", "csrc/hip/fused_conv_sm80.cuh", "const int run = left < rest ? left : rest;",
              "const int run = rest;", ["test/test_hip_cpu_variants.py", "-k", "sm80"], requires="csrc/hip/emu",
              variant="sm80", why="pipelined sm_80 body: a run of copies goes past its offset's channels"),
+    Mutation("sm80_dfilter_step_barrier_removed", "csrc/hip/fused_conv.cu",
+             "  __syncthreads();                           // everyone's have; stage (i - 1) % S is free\n", "",
+             _SM80_DFILTER_TESTS, requires="csrc/hip/emu", variant="sm80",
+             why="pipelined sm_80 dfilter: no barrier between the threads' cp.async waits and the fragment loads"),
+    Mutation("sm80_dfilter_wait_one_group_short", "csrc/hip/fused_conv.cu",
+             "tc::cp_async_wait_group<kDfStages - 2>();", "tc::cp_async_wait_group<kDfStages - 1>();",
+             _SM80_DFILTER_TESTS, requires="csrc/hip/emu", variant="sm80",
+             why="pipelined sm_80 dfilter: a step is multiplied before its cp.async group is waited for"),
+    Mutation("sm80_dfilter_last_step_skipped", "csrc/hip/fused_conv.cu",
+             "for (; int(i) < steps; ++i) {  // the last S - 1 steps",
+             "for (; int(i) < steps - 1; ++i) {  // the last S - 1 steps", _SM80_DFILTER_TESTS,
+             requires="csrc/hip/emu", variant="sm80",
+             why="pipelined sm_80 dfilter (pairs): the loop stops one step short (the split's last pairs)"),
+    Mutation("sm80_dfilter_table_last_step_skipped", "csrc/hip/fused_conv.cu",
+             "for (int i = 0; i < issued; ++i) {", "for (int i = 0; i + 1 < issued; ++i) {",
+             ["test/test_hip_cpu_fused_backward.py", "-k", "sm80"], requires="csrc/hip/emu", variant="sm80",
+             why="pipelined sm_80 dfilter (table): the loop stops one step short (the split's last pairs)"),
 ]
 
 
@@ -165,6 +184,26 @@ KERNEL_TESTS = {
     "point_to_voxel.cu": ["test/test_hip_cpu_ops.py", "-k", "point_to_voxel"],
     "pool.cu": ["test/test_hip_cpu_ops.py", "test/test_pool_gpu_code.py", "-k", "pooling or pool_ops or hip_cpu"],
 }
+# Code in this preprocessor branch is compiled only where the sm_80 bodies are (the emulated sm80 variant).
+_SM80_IF = "#if defined(SPCONV_FORWARD_SM80)"
+
+
+def _sm80_lines(text: str) -> set:
+    """The (1-based) lines inside an `#if defined(SPCONV_FORWARD_SM80)` branch (before its #else / #elif)."""
+    stack, out = [], set()
+    for n, line in enumerate(text.splitlines(), 1):
+        d = line.strip()
+        if d.startswith(("#if ", "#ifdef", "#ifndef")):
+            stack.append(d == _SM80_IF)
+        elif d.startswith(("#else", "#elif")) and stack:
+            stack[-1] = False
+        elif d.startswith("#endif") and stack:
+            stack.pop()
+        elif any(stack):
+            out.add(n)
+    return out
+
+
 # A kernel's first loop: a for header's `i < bound` or a loop macro's element count (SPCONV_POOL_LOOP(m, c)).
 _FIRST_BOUND = re.compile(r"for \(([^;]*);\s*(\w+) < ([^;]+);|(SPCONV_\w+_LOOP)\(([^,()]+),")
 
@@ -195,11 +234,17 @@ def generated_mutations(root: str = REPO) -> List[Mutation]:
         if "__global__" in text and name not in KERNEL_TESTS:
             raise RuntimeError("%s has kernels but no tests listed in KERNEL_TESTS" % rel)
         tests = KERNEL_TESTS.get(name)
+        sm80 = _sm80_lines(text)
         for i, hit in enumerate(re.finditer(re.escape("__syncthreads();"), text)):
             line = _line_of(text, hit.start())
+            if line in sm80:  # code of the sm80 variant only
+                extra = dict(variant="sm80", requires="csrc/hip/emu")
+                kernel_tests = ["test/test_hip_cpu_variants.py", "test/test_hip_cpu_fused_backward.py", "-k", "sm80"]
+            else:
+                extra, kernel_tests = {}, tests
             out.append(Mutation("%s_barrier_L%d" % (stem, line), rel, "__syncthreads();", "/* barrier removed */",
-                                tests, occurrence=i, descending=True,
-                                why="%s:%d: the barrier removed" % (rel, line)))
+                                kernel_tests, occurrence=i, descending=True,
+                                why="%s:%d: the barrier removed" % (rel, line), **extra))
         for kernel in re.finditer(r"__global__[^{;]*?(\w+)\s*\([^(){};]*\)\s*\{", text):
             loop = _FIRST_BOUND.search(text, kernel.end(), _body_end(text, kernel.end()))
             if loop is None:

@@ -7,7 +7,8 @@
 //    the device: SIMT FMA (every target, every dtype), WMMA fp16/bf16 (NVIDIA sm_80+), MFMA fp16/bf16
 //    (gfx90a / gfx94x). The body is picked by the compile target inside the kernel.
 //  * dfilter: per-offset gathered GEMM x^T dy with split-K partials in an fp32 workspace, reduced in a fixed
-//    order (deterministic, no atomics); same three bodies (SIMT, WMMA, MFMA) with the same launch shape.
+//    order (deterministic, no atomics); same bodies (SIMT, WMMA, MFMA, pipelined sm_80) with the same launch
+//    shape.
 #include "hip_compat.h"
 
 #if defined(SPCONV_CUDA)
@@ -182,7 +183,7 @@ __device__ void forward_simt(const FwdArgs& a) {
 
 #if defined(SPCONV_DEVICE_WMMA) || defined(SPCONV_DEVICE_MFMA)
 // Eight 16-bit elements (one 16-byte vector) from src to shared memory, or zeros where src is null.
-__device__ __forceinline__ void copy8_or_zero(uint16_t* dst, const uint16_t* src) {
+[[maybe_unused]] __device__ __forceinline__ void copy8_or_zero(uint16_t* dst, const uint16_t* src) {
   uint4 v = make_uint4(0u, 0u, 0u, 0u);
   if (src) v = *reinterpret_cast<const uint4*>(src);
   *reinterpret_cast<uint4*>(dst) = v;
@@ -545,7 +546,7 @@ __device__ __forceinline__ bool df_next(const DfArgs& a, const DfTile& t, DfStat
 }
 
 // Writes a 64x64 fp32 tile (row stride ld) to the workspace slice of (k, s).
-__device__ __forceinline__ void df_store(const DfArgs& a, const DfTile& t, const float* c, int ld) {
+[[maybe_unused]] __device__ __forceinline__ void df_store(const DfArgs& a, const DfTile& t, const float* c, int ld) {
   float* out = a.ws + (int64_t(t.k) * t.splits + t.s) * a.cin * a.cout;
   for (int e = threadIdx.x; e < BM * BN; e += kThreads) {
     const int r = e / BN, n = e % BN;
@@ -677,9 +678,260 @@ __device__ void dfilter_mfma(const DfArgs& a) {
 }
 #endif
 
+#if defined(SPCONV_FORWARD_SM80)
+// ---- Pipelined sm_80 dfilter body (NVIDIA sm_80+, fp16 / bf16; tc_sm80.h's instructions, real PTX or the
+// emulators of the sm80 HIP-CPU variant), where the sm_80 forward body is ----
+//
+// Same launch, tile and workspace as the SIMT body: a 64 (cin) x 64 (cout) tile of dW[k] per block, 256
+// threads, the pairs of the block's split in order, in steps of BP = 32 pairs (zero rows past the end), the
+// split's partial written to its workspace slice. dW tile = X^T DY, K = the pairs: a step's gathered x rows
+// (As[p][ci]) and dy rows (Bs[p][co]) are copied global -> shared with cp.async into one of kDfStages stages,
+// kDfStages - 1 steps ahead of the step being multiplied; each thread copies one 16-byte piece of each
+// (pair row tid / 8, channels (tid % 8) * 8) at every step. Pairs mode: the thread reads its pair's rows one
+// step ahead; table mode: df_next's block-wide scan stages the step's pairs (called by every thread).
+// 8 warps as 2 (cin) x 4 (cout), a 32 x 16 warp tile: per 16-deep slice two ldmatrix.x4.trans of A (A = As^T)
+// and one of B, four mma.sync m16n8k16 into fp32 accumulators, stored straight from registers. Each output
+// element adds its pairs one at a time in pair order (the SIMT body's fmaf sequence; the zero rows past the
+// end add nothing), so the emulated body gives the SIMT body's bits.
+// One barrier per step: after it, step i's data is visible (each thread waited for its own copies before) and
+// stage (i - 1) % S is no longer read, so the copies of step i + S - 1 go there.
+
+constexpr int kDfStages = 4;
+
+struct DfSm80Stage {
+  static constexpr int kLd = 64 + 8;  // padded row stride (elements): ldmatrix rows in distinct bank groups
+  uint16_t a[BP][kLd];                // x rows of the step's pairs, channels ci0..
+  uint16_t b[BP][kLd];                // dy rows, channels co0..
+};
+static_assert(BP * 64 / 8 == kThreads, "one 16-byte piece of each tile per thread and step");
+
+// This thread's copies: pair row pr of a step, channels pc.. of both tiles. Pairs mode reads its pair's rows one
+// step ahead (ri, ro; -1: none) through pin, pout, with `left` pairs of the split from there.
+struct DfSm80Feed {
+  const int32_t* pin;
+  const int32_t* pout;
+  int left;
+  int32_t ri, ro;
+  int pr, pc;
+  int a_lim, b_lim;     // channels of this thread's pieces inside the tile's columns: cin - ci0 - pc, ...
+  const char* xa;       // &x[0][ci0 + pc]
+  const char* dyb;      // &dy[0][co0 + pc]
+  uint32_t lda, ldb;    // row strides in bytes (launch_dfilter refuses channels past 2^30)
+  uint32_t dst;         // this thread's A piece in stage 0 (its B piece: + offsetof(DfSm80Stage, b))
+};
+
+__device__ __forceinline__ void df_sm80_feed_init(const DfArgs& a, const DfTile& t, DfSm80Feed& f) {
+  const int tid = threadIdx.x;
+  f.pr = tid / 8;
+  f.pc = (tid % 8) * 8;
+  f.a_lim = static_cast<int>(a.cin - t.ci0) - f.pc;
+  f.b_lim = static_cast<int>(a.cout - t.co0) - f.pc;
+  f.lda = static_cast<uint32_t>(a.cin) * 2u;
+  f.ldb = static_cast<uint32_t>(a.cout) * 2u;
+  f.xa = static_cast<const char*>(a.x) + (t.ci0 + f.pc) * 2;
+  f.dyb = static_cast<const char*>(a.dy) + (t.co0 + f.pc) * 2;
+  f.dst = static_cast<uint32_t>(offsetof(DfSm80Stage, a)) + (f.pr * DfSm80Stage::kLd + f.pc) * 2u;
+}
+
+// Pairs mode: this thread's pair of the next step (rows -1 past the end of the split).
+__device__ __forceinline__ void df_sm80_read_pair(DfSm80Feed& f) {
+  const bool ok = f.left > 0;
+  f.ri = ok ? *f.pin : -1;
+  f.ro = ok ? *f.pout : -1;
+  f.pin += BP;
+  f.pout += BP;
+  f.left -= BP;
+}
+
+// This thread's pieces of one step into `stage`: x row ri and dy row ro (-1: a zero row).
+template <bool Vec>
+__device__ __forceinline__ void df_sm80_copy(const DfSm80Feed& f, int32_t ri, int32_t ro, unsigned char* stage) {
+  uint16_t* da = reinterpret_cast<uint16_t*>(stage + f.dst);
+  uint16_t* db = reinterpret_cast<uint16_t*>(stage + f.dst + offsetof(DfSm80Stage, b));
+  const bool ia = ri >= 0 && f.a_lim > 0, ib = ro >= 0 && f.b_lim > 0;
+  // Unsigned 32 x 32 -> 64-bit row offsets (one wide multiply-add each on the GPU).
+  const uint16_t* sa = reinterpret_cast<const uint16_t*>(f.xa + uint64_t(uint32_t(ia ? ri : 0)) * f.lda);
+  const uint16_t* sb = reinterpret_cast<const uint16_t*>(f.dyb + uint64_t(uint32_t(ib ? ro : 0)) * f.ldb);
+  if constexpr (Vec) {  // cin, cout multiples of 8: a piece is wholly inside or wholly out
+    tc::cp_async<16>(da, sa, ia ? 16 : 0);
+    tc::cp_async<16>(db, sb, ib ? 16 : 0);
+  } else {
+    for (int e = 0; e < 8; ++e) {
+      da[e] = (ia && e < f.a_lim) ? sa[e] : uint16_t(0);
+      db[e] = (ib && e < f.b_lim) ? sb[e] : uint16_t(0);
+    }
+  }
+}
+
+// One step's multiplies out of `stage`: per 16-deep slice of pairs, acc[mi][nj] += the warp's 32 x 16 slice of
+// As^T (rows = ci) times Bs. fa, fb: this lane's ldmatrix rows in stage 0 (see df_sm80_fragment_rows).
+template <typename T>
+__device__ __forceinline__ void df_sm80_multiply(const unsigned char* stage, uint32_t fa, uint32_t fb,
+                                                 float (&acc)[2][2][4]) {
+  constexpr int LD = DfSm80Stage::kLd;
+  const uint16_t* As = reinterpret_cast<const uint16_t*>(stage + fa);
+  const uint16_t* Bs = reinterpret_cast<const uint16_t*>(stage + fb);
+#pragma unroll
+  for (int ks = 0; ks < BP; ks += 16) {
+    uint32_t af[2][4], bf[4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) tc::ldmatrix<4, true>(af[mi], As + ks * LD + 16 * mi);
+    tc::ldmatrix<4, true>(bf, Bs + ks * LD);
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj) {
+        const uint32_t b2[2] = {bf[2 * nj], bf[2 * nj + 1]};
+        tc::mma_m16n8k16<T>(acc[mi][nj], af[mi], b2);
+      }
+  }
+}
+
+// This lane's ldmatrix rows (byte offsets in stage 0); lane 8 i + j addresses row j of matrix i. Both tiles are
+// stored [p][c] and loaded transposed. A (rows ci): matrix i holds p 0-7 / 8-15 (i / 2) x ci 0-7 / 8-15 (i % 2),
+// A's registers a0..a3. B: p 0-7 / 8-15 (i % 2) x co 0-7 / 8-15 (i / 2), each n8 tile's two registers
+// (bf[2 nj], bf[2 nj + 1]).
+__device__ __forceinline__ void df_sm80_fragment_rows(int wr, int wc, int lane, uint32_t& fa, uint32_t& fb) {
+  constexpr int LD = DfSm80Stage::kLd;
+  const int i = lane / 8, j = lane % 8;
+  fa = static_cast<uint32_t>(offsetof(DfSm80Stage, a)) + ((j + 8 * (i / 2)) * LD + wr + 8 * (i % 2)) * 2u;
+  fb = static_cast<uint32_t>(offsetof(DfSm80Stage, b)) + ((j + 8 * (i % 2)) * LD + wc + 8 * (i / 2)) * 2u;
+}
+
+// Step i's copies have landed for every thread, and stage (i - 1) % S is no longer read.
+__device__ __forceinline__ void df_sm80_step_wait() {
+  tc::cp_async_wait_group<kDfStages - 2>();  // this thread's copies of step i have landed
+  __syncthreads();                           // everyone's have; stage (i - 1) % S is free
+}
+
+// The split's partial from the accumulators into its workspace slice. Accumulator element q of tile (mi, nj):
+// row g + 8 (q / 2), column 2 t + q % 2 of the 16 x 8 tile.
+__device__ __forceinline__ void df_sm80_store(const DfArgs& a, const DfTile& t, int wr, int wc, int lane,
+                                              const float (&acc)[2][2][4]) {
+  float* out = a.ws + (int64_t(t.k) * t.splits + t.s) * a.cin * a.cout;
+  const int g = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int q2 = 0; q2 < 2; ++q2) {
+      const int64_t ci = t.ci0 + wr + 16 * mi + g + 8 * q2;
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj)
+#pragma unroll
+        for (int q1 = 0; q1 < 2; ++q1) {
+          const int64_t co = t.co0 + wc + 8 * nj + 2 * tq + q1;
+          if (ci < a.cin && co < a.cout) out[ci * a.cout + co] = acc[mi][nj][2 * q2 + q1];
+        }
+    }
+}
+
+// Pairs mode: the split's step count is known, so the loop holds only the copies and the multiplies.
+template <typename T, bool Vec>
+__device__ __forceinline__ void dfilter_sm80_pairs(const DfArgs& a, const DfTile& t, unsigned char* sm, int wr,
+                                                   int wc, int lane) {
+  constexpr int S = kDfStages;
+  constexpr uint32_t kStage = sizeof(DfSm80Stage);
+  DfSm80Feed f;
+  df_sm80_feed_init(a, t, f);
+  f.pin = a.pair_in + t.pb + f.pr;
+  f.pout = a.pair_out + t.pb + f.pr;
+  f.left = static_cast<int>(t.pe - t.pb) - f.pr;  // a split's pairs: some of one offset's, below 2^31
+  df_sm80_read_pair(f);
+  uint32_t fa, fb;
+  df_sm80_fragment_rows(wr, wc, lane, fa, fb);
+  const int steps = static_cast<int>((t.pe - t.pb + BP - 1) / BP);
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < steps) {
+      df_sm80_copy<Vec>(f, f.ri, f.ro, sm + s * kStage);
+      df_sm80_read_pair(f);
+    }
+    tc::cp_async_commit();  // empty groups keep the count of groups per step uniform
+  }
+  float acc[2][2][4] = {};
+  unsigned int i = 0;  // unsigned: i % S is a mask
+  for (; int(i) + S - 1 < steps; ++i) {
+    df_sm80_step_wait();
+    df_sm80_copy<Vec>(f, f.ri, f.ro, sm + (i + S - 1) % S * kStage);
+    df_sm80_read_pair(f);
+    tc::cp_async_commit();
+    df_sm80_multiply<T>(sm + i % S * kStage, fa, fb, acc);
+  }
+  for (; int(i) < steps; ++i) {  // the last S - 1 steps: nothing left to copy
+    df_sm80_step_wait();
+    tc::cp_async_commit();
+    df_sm80_multiply<T>(sm + i % S * kStage, fa, fb, acc);
+  }
+  tc::cp_async_wait_all();
+  df_sm80_store(a, t, wr, wc, lane, acc);
+}
+
+// Table mode: df_next stages each step's pairs (a block-wide scan, called by every thread); the step count is
+// known only at the end.
+template <typename T, bool Vec>
+__device__ __forceinline__ void dfilter_sm80_table(const DfArgs& a, const DfTile& t, DfState& st, unsigned char* sm,
+                                                   int wr, int wc, int lane) {
+  constexpr int S = kDfStages;
+  constexpr uint32_t kStage = sizeof(DfSm80Stage);
+  DfSm80Feed f;
+  df_sm80_feed_init(a, t, f);
+  df_begin(a, t, st);
+  uint32_t fa, fb;
+  df_sm80_fragment_rows(wr, wc, lane, fa, fb);
+  int64_t unused = 0;
+  // issued: steps copied so far; more: whether the split may have another (the same in every thread).
+  int issued = 0;
+  bool more = true;
+  for (int s = 0; s < S - 1; ++s) {
+    if (more && (more = df_next(a, t, st, unused))) {
+      df_sm80_copy<Vec>(f, st.in[f.pr], st.out[f.pr], sm + issued * kStage);
+      ++issued;
+    }
+    tc::cp_async_commit();
+  }
+  float acc[2][2][4] = {};
+  for (int i = 0; i < issued; ++i) {
+    df_sm80_step_wait();
+    if (more && (more = df_next(a, t, st, unused))) {
+      df_sm80_copy<Vec>(f, st.in[f.pr], st.out[f.pr], sm + (i + S - 1) % S * kStage);
+      ++issued;
+    }
+    tc::cp_async_commit();
+    df_sm80_multiply<T>(sm + i % S * kStage, fa, fb, acc);
+  }
+  tc::cp_async_wait_all();
+  df_sm80_store(a, t, wr, wc, lane, acc);
+}
+
+template <typename T>
+__device__ void dfilter_sm80(const DfArgs& a) {
+  __shared__ DfState st;
+  __shared__ __attribute__((aligned(16))) unsigned char sm[kDfStages * sizeof(DfSm80Stage)];
+  const DfTile t = df_tile(a);
+  if (t.s >= t.splits) return;  // table mode: past the device's split count
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wr = (warp / 4) * 32, wc = (warp % 4) * 16;
+  if (a.table) {
+    if (a.vec)
+      dfilter_sm80_table<T, true>(a, t, st, sm, wr, wc, lane);
+    else
+      dfilter_sm80_table<T, false>(a, t, st, sm, wr, wc, lane);
+  } else {
+    if (a.vec)
+      dfilter_sm80_pairs<T, true>(a, t, sm, wr, wc, lane);
+    else
+      dfilter_sm80_pairs<T, false>(a, t, sm, wr, wc, lane);
+  }
+}
+#endif  // SPCONV_FORWARD_SM80
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads) dfilter_kernel(DfArgs a) {
+#if defined(SPCONV_FORWARD_SM80)
+  if constexpr (!std::is_same<T, float>::value) dfilter_sm80<T>(a);
+  else dfilter_simt<T>(a);
+#else
   SPCONV_RUN_BODY(dfilter, T, a);
+#endif
 }
 
 template <typename T>
@@ -807,6 +1059,7 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
                    void* dw, hipStream_t stream) {
   const int64_t tiles_ci = (cin + BM - 1) / BM, tiles_co = (cout + BN - 1) / BN;
   if (kvol > 65535 || splits > 65535 || tiles_ci * tiles_co > 0x7fffffffLL) return static_cast<int>(hipErrorInvalidValue);
+  if (cin > 0x3fffffffLL || cout > 0x3fffffffLL) return static_cast<int>(hipErrorInvalidValue);  // sm80: int strides
   DfArgs a{};
   a.x = x;
   a.dy = dy;
@@ -836,6 +1089,7 @@ int launch_dfilter_table(const void* x, const void* dy, const int32_t* table, in
   const int64_t tiles_ci = (cin + BM - 1) / BM, tiles_co = (cout + BN - 1) / BN;
   if (kvol > 65535 || splits_max < 1 || splits_max > 65535 || tiles_ci * tiles_co > 0x7fffffffLL)
     return static_cast<int>(hipErrorInvalidValue);
+  if (cin > 0x3fffffffLL || cout > 0x3fffffffLL) return static_cast<int>(hipErrorInvalidValue);  // sm80: int strides
   if (dw) {
     DfArgs a{};
     a.x = x;
