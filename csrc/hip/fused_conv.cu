@@ -777,13 +777,7 @@ __device__ __forceinline__ void df_sm80_multiply(const unsigned char* stage, uin
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi) tc::ldmatrix<4, true>(af[mi], As + ks * LD + 16 * mi);
     tc::ldmatrix<4, true>(bf, Bs + ks * LD);
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {
-        const uint32_t b2[2] = {bf[2 * nj], bf[2 * nj + 1]};
-        tc::mma_m16n8k16<T>(acc[mi][nj], af[mi], b2);
-      }
+    warp_tile_mma<T>(af, bf, acc);
   }
 }
 

@@ -152,6 +152,20 @@ __device__ __forceinline__ void sm80_copy(const FwdArgs& a, Sm80Issuer& is, unsi
   is.pb += int64_t(Tiles::kK) * a.cout;
 }
 
+// acc[mi][nj] += A fragment mi (rows 16 mi..) times the n8 tile nj of B (registers bf[2 nj], bf[2 nj + 1]): the
+// four mma.sync of a 32x16 warp tile's 16-deep slice, shared by the forward and dfilter bodies.
+template <typename T>
+__device__ __forceinline__ void warp_tile_mma(const uint32_t (&af)[2][4], const uint32_t (&bf)[4],
+                                              float (&acc)[2][2][4]) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < 2; ++nj) {
+      const uint32_t b2[2] = {bf[2 * nj], bf[2 * nj + 1]};
+      tc::mma_m16n8k16<T>(acc[mi][nj], af[mi], b2);
+    }
+}
+
 // One K step's multiplies out of `stage`: per 16-deep slice, acc[mi][nj] += the warp's 32x16 slice of A (rows
 // wr..) times B (cols wc..). fa, fb: this lane's ldmatrix rows in stage 0 (see sm80_fragment_rows).
 template <typename T, typename Tiles>
@@ -165,13 +179,7 @@ __device__ __forceinline__ void sm80_multiply(const unsigned char* stage, uint32
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi) tc::ldmatrix<4, false>(af[mi], As + 16 * mi * Tiles::kLdA + ks);
     tc::ldmatrix<4, true>(bf, Bs + ks * Tiles::kLdB);
-#pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {
-        const uint32_t b2[2] = {bf[2 * nj], bf[2 * nj + 1]};
-        tc::mma_m16n8k16<T>(acc[mi][nj], af[mi], b2);
-      }
+    warp_tile_mma<T>(af, bf, acc);
   }
 }
 
