@@ -228,6 +228,12 @@ def weight_to_filters(weight: torch.Tensor, groups: int = 1) -> torch.Tensor:
     return weight.reshape(groups, cout // groups, -1, cig).permute(2, 0, 3, 1)
 
 
+def dense_filters(weight: torch.Tensor) -> torch.Tensor:
+    """The ``[kvol, Cin, Cout]`` filters of a weight with one group (``weight_to_filters`` without the groups
+    dimension); differentiable."""
+    return weight_to_filters(weight).view(-1, weight.shape[-1], weight.shape[0])
+
+
 # ---- pooling (native route): wrappers, fake kernels, autograd ----
 
 @_backend.register_fake("indice_maxpool")

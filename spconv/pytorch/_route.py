@@ -67,14 +67,13 @@ def layer_filters(layer, weight: torch.Tensor, features: torch.Tensor) -> torch.
     """A layer's ``[kvol, Cin, Cout]`` filters. Without a gradient on the fused route, the dense copy its kernels
     read is kept for the layer while the weight stays the same tensor, storage, version, dtype and device, so that
     an inference layer launches its kernel alone; otherwise the differentiable permutation (``weight_to_filters``)."""
-    cout, cin = weight.shape[0], weight.shape[-1]
     if _native.needs_autograd(weight, features) or not _backend.fused_route_enabled(features.device):
-        return _native.weight_to_filters(weight).view(-1, cin, cout)
+        return _native.dense_filters(weight)
     key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, tuple(weight.shape))
     cached = _dense_filters.get(layer)
     if cached is None or cached[0]() is not weight or cached[1] != key:
         with torch.no_grad():
-            filters = _native.weight_to_filters(weight).view(-1, cin, cout).contiguous()
+            filters = _native.dense_filters(weight).contiguous()
         cached = (weakref.ref(weight), key, filters)
         _dense_filters[layer] = cached
     return cached[2]

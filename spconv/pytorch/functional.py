@@ -15,8 +15,7 @@ from spconv.pytorch.hash import HashTable  # noqa: F401  (spconv 2.x exposes it 
 
 def weight_to_filters(weight: torch.Tensor) -> torch.Tensor:
     """spconv 2.x weight ``[Cout, *kernel, Cin]`` -> per-offset GEMM operands ``[kvol, Cin, Cout]``."""
-    cout, cin = weight.shape[0], weight.shape[-1]
-    return _native.weight_to_filters(weight).view(-1, cin, cout)
+    return _native.dense_filters(weight)
 
 
 # ---- spconv 2.x autograd Functions and sparse_add ----
