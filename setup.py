@@ -9,6 +9,8 @@ Environment:
                                                 default g++) the host sources; with a CPU torch: the CPU route
   SPCONV_SKIP_EXTENSION=1                       package only, around an extension already built in place
                                                 (tools/build_inplace.py: incremental builds, editable install)
+  SPCONV_NO_PCH=1                               no precompiled torch header for the host sources (GCC only;
+                                                tools/torch_pch.py)
 """
 import glob
 import os
@@ -25,6 +27,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import gpu_build  # noqa: E402  (tools/gpu_build.py: compiles csrc/hip with nvcc or hipcc)
+import torch_pch  # noqa: E402  (tools/torch_pch.py: torch's headers precompiled for the host sources)
 
 HIPCC_FROM_CXX = gpu_build.take_hipcc_from_cxx(os.environ)
 
@@ -83,6 +86,7 @@ else:
     ext_kwargs["extra_link_args"] += gpu.extra_link_args
     cxx_flags += gpu.cxx_flags
     build_ext_cls = gpu_build.build_ext_with_gpu(BuildExtension, gpu)
+build_ext_cls = torch_pch.with_torch_pch(build_ext_cls)
 
 
 CUMM_PTH = os.path.join(ROOT, "spconv", "_cumm", "spconv_cumm_shim.pth")

@@ -16,14 +16,15 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAMP = os.path.join(ROOT, "build", "inplace.stamp")
-# Settings read by setup.py / tools/gpu_build.py that change what is compiled.
+# Settings read by setup.py / tools/gpu_build.py / tools/torch_pch.py that change what is compiled.
 BUILD_ENV = ("SPCONV_CPU_ONLY", "TORCH_CUDA_ARCH_LIST", "SPCONV_HIP_ARCHS", "PYTORCH_ROCM_ARCH", "CUDA_HOME",
              "ROCM_PATH", "SPCONV_GPU_FLAGS", "CC", "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS")
 
 
 def build_inputs():
     files = sorted(glob.glob(os.path.join(ROOT, "csrc", "**", "*"), recursive=True))
-    files += [os.path.join(ROOT, "setup.py"), os.path.join(ROOT, "tools", "gpu_build.py")]
+    files += [os.path.join(ROOT, "setup.py"), os.path.join(ROOT, "tools", "gpu_build.py"),
+              os.path.join(ROOT, "tools", "torch_pch.py")]
     return [f for f in files if os.path.isfile(f)]
 
 

@@ -13,9 +13,9 @@ the flags, the compiler version and the torch version; the library under build/h
 objects. An unchanged tree reuses the library, an edited .cu rebuilds that object, an edited header all.
 Only the defines a file can see enter its key: the op namespace only for the file that names it
 (csrc/ops/op_namespace.cpp), a variant's defines only for the kernels it lists. So the variants share every other
-object: a second variant compiles its namespace file and its kernels. The glue's torch headers are precompiled
-once (_glue_pch); one build runs at a time per cache (_build_lock), so parallel test workers do not compile the
-same objects side by side.
+object: a second variant compiles its namespace file and its kernels. torch's headers (for the glue) and the
+runtime's (for the kernels) are precompiled once (_pch). Each object is compiled under a lock of its own
+(_file_lock): parallel test workers building at once share the work instead of compiling an object twice.
 
 Standalone test programs (the emulator tests): build_program() compiles a few sources against the runtime
 into an executable under build/hip_cpu/programs/, cached the same way.
@@ -38,15 +38,18 @@ prefix (pip's tbb-devel puts include/ and lib/ there: no root needed; tools/setu
 wherever the host compiler finds libtbb.so (a system libtbb-dev).
 """
 import argparse
+import collections
 import contextlib
 import fcntl
 import glob
 import hashlib
 import os
+import re
 import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, NamedTuple, Optional
 
@@ -241,76 +244,137 @@ def _cache_base(src: str, san: bool, torch_version: str, common: List[str]):
     return base, cache
 
 
-# The torch headers that most GPU glue files (csrc/ops/gpu) include first, precompiled once per compiler, torch
-# and flags: parsing them is most of such an object's compile time (16.6 CPU seconds, 3.8 with the header). Only
-# files whose first two includes are these two use it, so their objects are byte for byte those made without it
-# (it is no part of their cache keys); a file that starts otherwise would get more code in front of its own.
-_PCH_INCLUDES = ["#include <ATen/ATen.h>", "#include <torch/library.h>"]
-_PCH_TEXT = "\n".join(_PCH_INCLUDES) + "\n"
+# Precompiled headers, made once per compiler, torch and flags and put in front (-include) of the files that
+# include them anyway: torch's for every glue file that reaches them through its includes (11 s of a 12 s compile,
+# 3 s with the header), the runtime's for every kernel (hip_compat.h includes it first; 4 s of 11). The -include is
+# part of those objects' commands and cache keys; whether GCC took the precompiled header or parsed its text gives
+# the same object.
+_GLUE_PCH_TEXT = "#include <ATen/ATen.h>\n#include <torch/library.h>\n"
+_KERNEL_PCH_TEXT = ("#include <cstdint>\n#include <utility>\n#include <chrono>\n#include <hip/hip_runtime.h>\n"
+                    "#include <hip/hip_fp16.h>\n")
 _PCH_MIN_OBJECTS = 3  # fewer such objects to compile: making the header costs more than it saves
+_TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*<(ATen|torch|c10)/', re.M)
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
 
 
-def _starts_with_pch_includes(path: str) -> bool:
+def _includes_torch(path: str, src: str, seen=None) -> bool:
+    """Does the file include torch's headers, itself or through the project headers it includes?"""
+    seen = set() if seen is None else seen
+    if path in seen:
+        return False
+    seen.add(path)
     with open(path, errors="replace") as f:
-        includes = [line.strip() for line in f if line.startswith("#include")][:len(_PCH_INCLUDES)]
-    return includes == _PCH_INCLUDES
+        text = f.read()
+    if _TORCH_INCLUDE.search(text):
+        return True
+    for name in _QUOTED_INCLUDE.findall(text):
+        for d in (os.path.dirname(path), os.path.join(src, "csrc", "include"), os.path.join(src, "csrc")):
+            found = os.path.normpath(os.path.join(d, name))
+            if os.path.isfile(found):
+                if _includes_torch(found, src, seen):
+                    return True
+                break
+    return False
 
 
-def _glue_pch(cache: str, torch_version: str, flags: List[str], src: str):
-    """(header to -include, command that precompiles it) for a glue compile command's flags."""
-    key = _digest(_compiler_version(), torch_version, _PCH_TEXT, " ".join(flags).replace(src, "<src>"))
-    header = os.path.join(cache, "pch-" + key, "glue_pch.h")
-    return header, flags + ["-x", "c++-header", "-c", header, "-o", header + ".gch"]
+class Pch(NamedTuple):
+    header: str  # what the commands -include; its .gch beside it
+    text: str
+    command: List[str]  # precompiles it (output last)
 
 
-def _compile(jobs_list, src: str, jobs: Optional[int], log, what: str, pch=None):
-    """Compiles the (source, object, command) items whose object is not cached yet. pch: (header, command) of
-    the glue's precompiled header; the .cxx items then -include it, and it is made first when it is missing."""
+def _pch(cache: str, name: str, text: str, torch_version: str, flags: List[str], src: str) -> Pch:
+    """The precompiled header of `text` for compile commands with these flags."""
+    key = _digest(_compiler_version(), torch_version, text, " ".join(flags).replace(src, "<src>"))
+    header = os.path.join(cache, "pch-" + key, name)
+    return Pch(header, text, flags + ["-x", "c++-header", "-c", header, "-o", header + ".gch"])
+
+
+def _write_atomically(path: str, text: str):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp%d" % os.getpid()
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _compile(jobs_list, src: str, jobs: Optional[int], log, what: str, pchs=(), min_users=_PCH_MIN_OBJECTS):
+    """Compiles the (source, object, command) items whose object is not cached yet. pchs: the precompiled
+    headers some commands -include; each is made first when missing and at least min_users of its users are to
+    be compiled (else they read the header's text)."""
     todo = [(p, o, c) for p, o, c in jobs_list if not os.path.isfile(o)]
     n = jobs or int(os.environ.get("SPCONV_HIP_CPU_JOBS", "0")) or os.cpu_count() or 1
-    glue = [(p, o, c) for p, o, c in todo if not p.endswith(".cu") and _starts_with_pch_includes(p)]
-    if pch is not None and (len(glue) < _PCH_MIN_OBJECTS and not os.path.isfile(pch[0] + ".gch")):
-        pch = None
+    to_make = []
+    for pch in pchs:
+        users = [item for item in todo if pch.header in item[2]]
+        if users and not os.path.isfile(pch.header):
+            _write_atomically(pch.header, pch.text)
+        if users and not os.path.isfile(pch.header + ".gch") and len(users) >= min_users:
+            to_make.append(pch)
     if log and todo:
         log("hip_cpu_build: %s: compiling %d of %d objects with %d jobs%s" % (
-            what, len(todo), len(jobs_list), n, " (glue with a precompiled header)" if pch and glue else ""))
+            what, len(todo), len(jobs_list), n,
+            " (%d precompiled headers to make)" % len(to_make) if to_make else ""))
 
-    def make_pch():
-        header, cmd = pch
-        if os.path.isfile(header + ".gch"):
-            return
-        os.makedirs(os.path.dirname(header), exist_ok=True)
-        with open(header, "w") as f:
-            f.write(_PCH_TEXT)
-        tmp = header + ".gch.tmp%d" % os.getpid()
-        _run(cmd[:-1] + [tmp], "precompiling the torch headers")
-        os.replace(tmp, header + ".gch")
+    def make_pch(pch):
+        with _file_lock(pch.header + ".gch.lock"):
+            if not os.path.isfile(pch.header + ".gch"):  # else made by another process meanwhile
+                tmp = pch.header + ".gch.tmp%d" % os.getpid()
+                _run(pch.command[:-1] + [tmp], "precompiling " + os.path.basename(pch.header))
+                os.replace(tmp, pch.header + ".gch")
 
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        ready = pool.submit(make_pch) if pch and glue else None
-
-        def compile_one(item):
-            path, obj, cmd = item
-            if ready is not None and not path.endswith(".cu") and _starts_with_pch_includes(path):
-                ready.result()
-                cmd = cmd[:cmd.index("-c")] + ["-include", pch[0]] + cmd[cmd.index("-c"):]
+    def compile_one(item, wait: bool) -> bool:
+        """Compiles the item unless another process has it in hand; False (without waiting) when another
+        process is compiling it and wait is False."""
+        path, obj, cmd = item
+        with _file_lock(obj + ".lock", wait) as mine:
+            if not mine:
+                return False
+            if os.path.isfile(obj):  # compiled by another process meanwhile
+                return True
+            for header, made in ready.items():
+                if header in cmd:
+                    made.result()
             tmp = obj + ".tmp%d" % os.getpid()
             _run(cmd[:-1] + [tmp], "compiling " + os.path.relpath(path, src))
             os.replace(tmp, obj)  # atomic: a concurrent build never sees half an object
+        return True
 
-        # kernels first: they do not wait for the precompiled header
-        list(pool.map(compile_one, sorted(todo, key=lambda item: not item[0].endswith(".cu"))))
+    # Kernels first (their header is made sooner). Items another process (a second pytest-xdist worker, the
+    # mutation check) is compiling are put back and waited for last, so both processes compile different objects.
+    queue = collections.deque(sorted(todo, key=lambda item: not item[0].endswith(".cu")))
+    deferred = collections.deque()
+    guard = threading.Lock()
+
+    def work():
+        while True:
+            with guard:
+                wait = not queue
+                if not queue and not deferred:
+                    return
+                item = queue.popleft() if queue else deferred.popleft()
+            if not compile_one(item, wait):
+                with guard:
+                    deferred.append(item)
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        ready = {pch.header: pool.submit(make_pch, pch) for pch in to_make}
+        for f in [pool.submit(work) for _ in range(n)]:
+            f.result()
 
 
 @contextlib.contextmanager
-def _build_lock(san: bool):
-    """One build at a time per cache (pytest-xdist workers, the mutation check): a second process waits and then
-    finds the objects and the library the first one made, instead of compiling them again beside it."""
-    os.makedirs(os.path.join(BUILD_DIR, "asan" if san else ""), exist_ok=True)
-    with open(os.path.join(BUILD_DIR, "asan" if san else "", ".lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def _file_lock(path: str, wait: bool = True):
+    """Holds an exclusive lock on path (made if missing); yields False at once, holding nothing, when another
+    process holds it and wait is False."""
+    with open(path, "a") as f:
         try:
-            yield
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -330,13 +394,18 @@ def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Op
     common, lang = _flags(src, san, torch_version, torch_inc)
     base, cache = _cache_base(src, san, torch_version, common)
 
+    pchs = {"cxx": _pch(cache, "glue_pch.h", _GLUE_PCH_TEXT, torch_version, [_cxx()] + lang["cxx"] + common, src),
+            "cu": _pch(cache, "kernel_pch.h", _KERNEL_PCH_TEXT, torch_version, [_cxx()] + lang["cu"] + common, src)}
     jobs_list = []
     for path, kind in _sources(src).items():
         extra = _file_defines(path, kind, src, v)
+        uses_pch = kind == "cu" or _includes_torch(path, src)
+        front = ["-include", pchs[kind].header] if uses_pch else []
         with open(path, "rb") as f:
-            key = _digest(base, kind, " ".join(lang[kind] + extra), os.path.relpath(path, src), f.read())
+            key = _digest(base, kind, " ".join(lang[kind] + extra), pchs[kind].text if front else "",
+                          os.path.relpath(path, src), f.read())
         obj = os.path.join(cache, "%s-%s.o" % (os.path.basename(path).replace(".", "_"), key))
-        cmd = [_cxx()] + lang[kind] + common + extra + ["-c", path, "-o", obj]
+        cmd = [_cxx()] + lang[kind] + common + extra + front + ["-c", path, "-o", obj]
         jobs_list.append((path, obj, cmd))
     if not any(p.endswith(".cu") for p, _, _ in jobs_list):
         raise BuildError("no csrc/hip/*.cu under %s" % src)
@@ -350,15 +419,11 @@ def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Op
     lib = os.path.join(out_dir, "libspconv_hipcpu_%s.so" % variant)
     if os.path.isfile(lib):
         return Built(variant, v.namespace, lib, True)
-    with _build_lock(san):
-        if os.path.isfile(lib):  # built by the process that held the lock
-            return Built(variant, v.namespace, lib, True)
-        pch = _glue_pch(cache, torch_version, [_cxx()] + lang["cxx"] + common, src)
-        _compile(jobs_list, src, jobs, log, variant, pch)
-        os.makedirs(out_dir, exist_ok=True)
-        tmp = tempfile.mktemp(dir=out_dir, suffix=".so")
-        _run([_cxx()] + common[:1] + [o for _, o, _ in jobs_list] + ["-o", tmp] + link, "linking " + lib)
-        os.replace(tmp, lib)
+    _compile(jobs_list, src, jobs, log, variant, pchs.values())
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mktemp(dir=out_dir, suffix=".so")
+    _run([_cxx()] + common[:1] + [o for _, o, _ in jobs_list] + ["-o", tmp] + link, "linking " + lib)
+    os.replace(tmp, lib)  # atomic: a process linking the same library beside this one writes the same file
     return Built(variant, v.namespace, lib, False)
 
 
@@ -373,29 +438,31 @@ def build_program(name: str, sources: List[str], defines: List[str] = (), source
     src = os.path.abspath(source_root or REPO)
     san = sanitize_enabled(None)
     torch_version, torch_inc, _ = _torch_paths()
-    common, lang = _flags(src, san, torch_version, torch_inc)
-    common = common + ["-I" + os.path.join(src, "csrc", "hip")] + ["-D" + d for d in defines]
+    library_common, lang = _flags(src, san, torch_version, torch_inc)
+    common = library_common + ["-I" + os.path.join(src, "csrc", "hip")] + ["-D" + d for d in defines]
     base, cache = _cache_base(src, san, torch_version, common)
+    # The library's kernel header: the program's defines and include path do not reach the runtime's headers.
+    kernel_pch = _pch(cache, "kernel_pch.h", _KERNEL_PCH_TEXT, torch_version,
+                      [_cxx()] + lang["cu"] + library_common, src)
     jobs_list = []
     for rel in sources:
         path = os.path.join(REPO, rel)
         with open(path, "rb") as f:
-            key = _digest(base, " ".join(lang["cu"]), rel, f.read())
+            key = _digest(base, " ".join(lang["cu"]), kernel_pch.text, rel, f.read())
         obj = os.path.join(cache, "%s-%s.o" % (os.path.basename(path).replace(".", "_"), key))
-        jobs_list.append((path, obj, [_cxx()] + lang["cu"] + common + ["-c", path, "-o", obj]))
+        jobs_list.append((path, obj, [_cxx()] + lang["cu"] + common + ["-include", kernel_pch.header, "-c", path,
+                                                                       "-o", obj]))
     link = tbb_flags()[1] + ["-lpthread"] + (["-fsanitize=address,undefined"] if san else [])
     out_dir = os.path.join(BUILD_DIR, "asan" if san else "", "programs", _digest(*[o for _, o, _ in jobs_list]))
     exe = os.path.join(out_dir, name)
     if os.path.isfile(exe):
         return exe
-    with _build_lock(san):
-        _compile(jobs_list, src, jobs, log, name)
-        if not os.path.isfile(exe):
-            os.makedirs(out_dir, exist_ok=True)
-            tmp = tempfile.mktemp(dir=out_dir)
-            _run([_cxx()] + common[:1] + ["-pthread"] + [o for _, o, _ in jobs_list] + ["-o", tmp] + link,
-                 "linking " + name)
-            os.replace(tmp, exe)
+    _compile(jobs_list, src, jobs, log, name, [kernel_pch], min_users=1)
+    os.makedirs(out_dir, exist_ok=True)
+    tmp = tempfile.mktemp(dir=out_dir)
+    _run([_cxx()] + common[:1] + ["-pthread"] + [o for _, o, _ in jobs_list] + ["-o", tmp] + link,
+         "linking " + name)
+    os.replace(tmp, exe)
     return exe
 
 

@@ -10,9 +10,12 @@
 #include <string>
 #include <vector>
 
+// ATen, not <torch/torch.h>: the program needs tensors, not the C++ frontend, whose headers would be most of
+// its compile time.
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <spconv/ops.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
-#include <torch/torch.h>
 
 namespace {
 
@@ -30,7 +33,7 @@ at::Tensor tensor_from_file(const char* path, int64_t cols, at::ScalarType dtype
   const int64_t row_bytes = cols * static_cast<int64_t>(c10::elementSize(dtype));
   if (data.size() % row_bytes != 0) throw std::runtime_error(std::string(path) + ": not whole rows");
   const int64_t rows = static_cast<int64_t>(data.size()) / row_bytes;
-  return torch::from_blob(data.data(), {rows, cols}, dtype).clone();
+  return at::from_blob(data.data(), {rows, cols}, dtype).clone();
 }
 
 // Same digest as spconv.deploy.checksum: sum of word[i] * (i mod 1000003 + 1) over the 32-bit words.
