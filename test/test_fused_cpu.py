@@ -8,22 +8,9 @@ import torch.nn.functional as F
 
 import spconv._backend  # noqa: F401
 from spconv.pytorch import _fused, _route
+from support.sites import random_coords
 
 ops = torch.ops.spconv
-
-
-def random_coords(shape, batch, n, seed):
-    g = torch.Generator().manual_seed(seed)
-    vol = batch
-    for s in shape:
-        vol *= s
-    flat = torch.randperm(vol, generator=g)[:min(n, vol)]
-    cols = []
-    for s in reversed(shape):
-        cols.append(flat % s)
-        flat = flat // s
-    cols.append(flat)
-    return torch.stack(cols[::-1], 1).int()
 
 
 def map_geometry(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True, transpose=False, seed=0):

@@ -7,7 +7,7 @@ import torch
 
 from conftest import THREAD_ORDERS, thread_order
 from _launch_counts import count
-from test_gpu_map_order import coords
+from support.sites import coords
 
 pytestmark = pytest.mark.hip_cpu
 

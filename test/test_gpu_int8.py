@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from support.int8_reference import int8_conv_reference, random_table
-from test_gpu_map_order import coords
+from support.sites import coords
 
 pytestmark = pytest.mark.gpu  # skipped without a GPU (conftest)
 

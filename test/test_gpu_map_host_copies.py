@@ -5,7 +5,7 @@ import torch
 
 import spconv._backend  # noqa: F401
 
-from test_gpu_map_order import coords
+from support.sites import coords
 
 
 def host_copies_of(prof, shape):
@@ -14,18 +14,17 @@ def host_copies_of(prof, shape):
                                                                            for s in e.input_shapes)]
 
 
-@pytest.mark.hip_cpu
 @pytest.mark.parametrize("subm", [True, False])
-def test_indices_stay_on_the_device(subm, hip_cpu):
+def test_indices_stay_on_the_device(subm, gpu_place):
     """Before: get_indice_pairs copied every index row to the host to check it."""
     shape = [9, 8, 7]
-    idx = coords(shape, 2, 200, seed=3)
+    idx = gpu_place.to(coords(shape, 2, 200, seed=3))
     out_shape = shape if subm else [(v + 2 - 2 - 1) // 2 + 1 for v in shape]
     args = (idx, 2, shape, out_shape, [3] * 3, [1 if subm else 2] * 3, [1] * 3, [1] * 3, subm, False)
     with torch.profiler.profile(record_shapes=True) as prof:
-        hip_cpu.get_indice_pairs(*args)
+        gpu_place.ops.get_indice_pairs(*args)
     assert not host_copies_of(prof, idx.shape)
     bad = idx.clone()
     bad[17, 2] = shape[1]
     with pytest.raises(ValueError, match="indices row 17"):
-        hip_cpu.get_indice_pairs(bad, *args[1:])
+        gpu_place.ops.get_indice_pairs(bad, *args[1:])

@@ -4,17 +4,9 @@ import pytest
 import torch
 
 import spconv._backend  # noqa: F401
-from test_fused_cpu import random_coords
-
+from support.sites import coords
 
 ops = torch.ops.spconv
-
-
-def coords(shape, batch, n, seed, dups=0):
-    """n distinct random sites, the first `dups` of them repeated, in random order."""
-    idx = random_coords(shape, batch, n, seed)
-    idx = torch.cat([idx, idx[:dups]])
-    return idx[torch.randperm(len(idx), generator=torch.Generator().manual_seed(seed + 1))]
 
 
 CASES = {
@@ -25,11 +17,9 @@ CASES = {
 }
 
 
-@pytest.mark.hip_cpu
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_gpu_outputs_in_cpu_order(name, hip_cpu):
+def test_gpu_outputs_in_cpu_order(name, gpu_place):
     """Before: the GPU numbered outputs by sorted key (out_indices and every pair_out differed)."""
-    hc = hip_cpu
     c = dict(CASES[name])
     shape, k, s, p, tr = c["shape"], c["ksize"], c["stride"], c["padding"], c["transpose"]
     nd = len(shape)
@@ -40,6 +30,6 @@ def test_gpu_outputs_in_cpu_order(name, hip_cpu):
     idx = coords(shape, 2, 150, seed=len(name), dups=c.get("dups", 0))
     args = (idx, 2, shape, out_shape, [k] * nd, [s] * nd, [p] * nd, [1] * nd, False, tr)
     ref = ops.get_indice_pairs(*args)
-    got = hc.get_indice_pairs(*args)
+    got = gpu_place.ops.get_indice_pairs(gpu_place.to(idx), *args[1:])
     for a, b in zip(got, ref):
-        assert torch.equal(a, b)
+        assert torch.equal(a.cpu(), b)

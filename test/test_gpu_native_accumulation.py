@@ -13,9 +13,8 @@ cpu = torch.ops.spconv
 BIG = {torch.float16: 1024.0, torch.bfloat16: 128.0}
 
 
-@pytest.mark.hip_cpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_offsets_accumulate_in_fp32(dtype, hip_cpu):
+def test_offsets_accumulate_in_fp32(dtype, gpu_place):
     """Before: 6 big (each offset's GEMM rounded to 16 bits before the FP32 scatter); the CPU gives 6 big + 4."""
     big = BIG[dtype]
     kvol = 3
@@ -24,7 +23,8 @@ def test_offsets_accumulate_in_fp32(dtype, hip_cpu):
     x = torch.ones(3, 3, dtype=dtype)
     w = torch.tensor([big, big, 1.0], dtype=dtype).reshape(1, 3, 1).repeat(kvol, 1, 1)
     pin, pout = torch.arange(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
-    y = hip_cpu.indice_conv(x, w, pin, pout, offsets, 1)
+    on = gpu_place.to
+    y = gpu_place.ops.indice_conv(on(x), on(w), on(pin), on(pout), on(offsets), 1).cpu()
     assert torch.equal(y, cpu.indice_conv(x, w, pin, pout, offsets, 1))
     assert float(y) == 6 * big + 4
     # dinput: output rows 0, 1, 2 reach input 0 through offsets 0, 1, 2; cin 1, cout 3
@@ -32,7 +32,8 @@ def test_offsets_accumulate_in_fp32(dtype, hip_cpu):
     w1 = torch.tensor([big, big, 1.0], dtype=dtype).reshape(1, 1, 3).repeat(kvol, 1, 1)
     dy = torch.ones(3, 3, dtype=dtype)
     pin1, pout1 = torch.zeros(3, dtype=torch.int32), torch.arange(3, dtype=torch.int32)
-    dx, dw = hip_cpu.indice_conv_backward(x1, w1, dy, pin1, pout1, offsets)
+    dx, dw = (t.cpu() for t in gpu_place.ops.indice_conv_backward(on(x1), on(w1), on(dy), on(pin1), on(pout1),
+                                                                   on(offsets)))
     dx_ref, dw_ref = cpu.indice_conv_backward(x1, w1, dy, pin1, pout1, offsets)
     assert torch.equal(dx, dx_ref) and float(dx) == 6 * big + 4
     assert torch.equal(dw, dw_ref)

@@ -8,9 +8,9 @@ import torch
 
 import spconv.pytorch as spconv
 from spconv import _backend, constants
-from test_fused_cpu import random_coords
+from support.sites import random_coords
 from support.launch_counts import count
-from test_gpu_map_order import coords
+from support.sites import coords
 
 pytestmark = pytest.mark.hip_cpu
 

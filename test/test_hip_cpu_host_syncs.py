@@ -10,7 +10,7 @@ from torch import nn
 
 import spconv.pytorch as spconv
 from spconv import _backend, constants
-from test_gpu_map_order import coords
+from support.sites import coords
 
 pytestmark = pytest.mark.hip_cpu
 

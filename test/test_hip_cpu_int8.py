@@ -9,7 +9,7 @@ import torch
 from spconv import _backend
 from conftest import hip_cpu_library
 from support.int8_reference import int8_conv_reference, random_table
-from test_gpu_map_order import coords
+from support.sites import coords
 from test_hip_cpu_host_syncs import SYNCING_OPS
 
 pytestmark = pytest.mark.hip_cpu

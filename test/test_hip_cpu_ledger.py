@@ -140,7 +140,7 @@ def test_map_rows_are_part_of_their_layer(rows):
 
 @pytest.mark.hip_cpu
 def test_launch_counter_counts_every_launch(hip_cpu):
-    from test_gpu_map_order import coords
+    from support.sites import coords
     shape = [9, 8, 7]
     idx = coords(shape, 1, 150, seed=4)
     args = (idx, 1, shape, shape, [3] * 3, [1] * 3, [1] * 3, [1] * 3, True, False)
@@ -160,7 +160,7 @@ def test_launch_counter_counts_every_launch(hip_cpu):
 @pytest.mark.hip_cpu
 def test_measure_times_outside_the_kernels(hip_cpu):
     from spconv.benchmark.launch_ledger import Ledger
-    from test_gpu_map_order import coords
+    from support.sites import coords
     shape = [9, 8, 7]
     idx = coords(shape, 1, 150, seed=4)
     ledger = Ledger(hip_cpu)

@@ -8,7 +8,8 @@ import torch
 from spconv import _backend
 
 from conftest import THREAD_ORDERS, thread_order
-from test_fused_cpu import Maps, map_geometry, random_coords, sorted_pairs
+from support.sites import random_coords
+from test_fused_cpu import Maps, map_geometry, sorted_pairs
 
 pytestmark = pytest.mark.hip_cpu
 

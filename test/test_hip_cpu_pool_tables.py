@@ -10,8 +10,8 @@ from spconv import _backend
 from spconv.benchmark.launch_ledger import Ledger
 from spconv.pytorch import ops as sp_ops
 from spconv.pytorch.core import PairMaps
-from test_fused_cpu import random_coords
-from test_gpu_map_order import coords
+from support.sites import random_coords
+from support.sites import coords
 
 pytestmark = pytest.mark.hip_cpu
 

@@ -9,7 +9,7 @@ import torch
 import spconv.pytorch as spconv
 from spconv import _backend
 from support.launch_counts import count
-from test_gpu_map_order import coords
+from support.sites import coords
 
 pytestmark = pytest.mark.hip_cpu
 

@@ -31,7 +31,7 @@ def main():
     from conftest import hip_cpu_library
     import spconv.pytorch as spconv
     from spconv import _backend
-    from test_gpu_map_order import coords
+    from support.sites import coords
 
     lib = hip_cpu_library(a.variant)
     shape = [40, 40, 40]
