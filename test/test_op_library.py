@@ -1,11 +1,13 @@
 """The op library is usable from C++ without Python: spconv/_C_hip*.so needs neither libpython nor
 libtorch_python (its one Python symbol is weak), has a soname, exports spconv_build_info, and a build ships
-the public header and the CMake config with the package."""
+the public header and the CMake config with the package; the source archive holds everything the build needs."""
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -45,6 +47,28 @@ def test_build_ships_the_header_and_the_cmake_config(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     for rel in ("spconv/include/spconv/ops.h", "spconv/share/cmake/Spconv/SpconvConfig.cmake"):
         assert (tmp_path / rel).is_file(), rel
+
+
+def test_source_archive_holds_what_setup_py_builds_from(tmp_path):
+    """An sdist made with any torch (here a CPU one) carries the GPU kernels and glue, the tools setup.py imports
+    and the files it copies: a GPU machine builds the wheel from it. Before: csrc/hip, csrc/ops/gpu and tools/
+    were missing, and setup.py failed at its first import."""
+    # A fresh egg-info: setuptools would otherwise also pack what an earlier archive's file list named.
+    (tmp_path / "egg").mkdir()
+    res = subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path / "egg"), "sdist",
+                          "-d", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (archive,) = glob.glob(str(tmp_path / "*.tar.gz"))
+    with tarfile.open(archive) as tar:
+        held = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    with open(os.path.join(ROOT, "setup.py")) as f:
+        tools = re.findall(r"^import (\w+)  # noqa: E402", f.read(), re.M)
+    assert tools, "setup.py's imports from tools/ not found"
+    needed = ["tools/%s.py" % t for t in tools] + ["setup.py", "spconv/_cumm/spconv_cumm_shim.pth"]
+    needed += [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc", "**", "*"), recursive=True)
+               if p.endswith((".cpp", ".h", ".cu", ".cuh"))]
+    missing = [n for n in needed if n not in held]
+    assert not missing, missing
 
 
 def test_a_statically_linked_libstdcxx_stays_inside(tmp_path):
