@@ -3,6 +3,7 @@ none where it cannot), tools/hip_cpu_build.py puts torch's precompiled headers o
 include them anyway, and two processes building the same objects at once compile each one once."""
 import os
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -33,7 +34,6 @@ def test_precompiled_header_is_made_once_and_taken(small_pch, tmp_path):
 
     src = tmp_path / "use.cpp"
     src.write_text("int f() { std::vector<int> v(3); return (int)v.size(); }\n")
-    import subprocess
     r = subprocess.run(["g++"] + before + flags + ["-Winvalid-pch", "-H", "-c", str(src), "-o",
                                                     str(tmp_path / "use.o")] + after, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -53,6 +53,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, NamedTuple, Optional
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_pch  # noqa: E402  (the torch headers the extension build precompiles too)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD_DIR = os.path.join(REPO, "build", "hip_cpu")
 DEFAULT_RUNTIME = os.path.join("..", "shared", "third_party", "hip-cpu")  # relative to the repo root
@@ -249,7 +252,7 @@ def _cache_base(src: str, san: bool, torch_version: str, common: List[str]):
 # 3 s with the header), the runtime's for every kernel (hip_compat.h includes it first; 4 s of 11). The -include is
 # part of those objects' commands and cache keys; whether GCC took the precompiled header or parsed its text gives
 # the same object.
-_GLUE_PCH_TEXT = "#include <ATen/ATen.h>\n#include <torch/library.h>\n"
+_GLUE_PCH_TEXT = torch_pch.PCH_TEXT
 _KERNEL_PCH_TEXT = ("#include <cstdint>\n#include <utility>\n#include <chrono>\n#include <hip/hip_runtime.h>\n"
                     "#include <hip/hip_fp16.h>\n")
 _PCH_MIN_OBJECTS = 3  # fewer such objects to compile: making the header costs more than it saves

@@ -10,6 +10,7 @@ Skipped (the sources compile as they are) for a compiler other than GCC, when th
 these flags, and with SPCONV_NO_PCH=1.
 """
 import hashlib
+import inspect
 import os
 import shlex
 import subprocess
@@ -70,8 +71,6 @@ def with_torch_pch(base):
             write_and_compile = cpp_extension._write_ninja_file_and_compile_objects
 
             def with_pch(*args, **kwargs):
-                import inspect
-
                 call = inspect.signature(write_and_compile).bind(*args, **kwargs)
                 a = call.arguments
                 # ninja's compile rule: $cxx -MMD -MF $out.d $cflags -c $in -o $out $post_cflags
