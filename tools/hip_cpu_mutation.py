@@ -90,6 +90,13 @@ MUTATIONS = [
              ["test/test_hip_cpu_variants.py", "test/test_hip_cpu_network.py", "-k", "mfma"],
              requires="csrc/hip/emu", variant="mfma",
              why="MFMA forward: the A operand load swaps the roles of lane % 16 and lane / 16 (a transposed sub-tile)"),
+    Mutation("simt_skip_other_rows", "csrc/hip/fused_conv.cu", "rows_have_source(st, ty * 4, 4)",
+             "rows_have_source(st, (ty ^ 1) * 4, 4)", ["test/test_hip_cpu_ops.py", "-k", "fused"],
+             why="SIMT forward: a thread skips an offset by another thread's rows (the skip of rows without a source)"),
+    Mutation("wmma_skip_other_rows", "csrc/hip/fused_conv.cu", "rows_have_source(st, wm * 16, 16)",
+             "rows_have_source(st, (wm ^ 1) * 16, 16)", ["test/test_hip_cpu_variants.py", "-k", "wmma"],
+             requires="csrc/hip/emu", variant="wmma",
+             why="WMMA forward: a warp skips an offset by another warp's rows"),
     Mutation("map_fill_last_writer", "csrc/hip/fused_conv.cu",
              "if (atomicCAS(nbr + int64_t(pair_out[p]) * kvol + lo, -1, pair_in[p]) != -1 && repeated) "
              "atomicExch(repeated, 1);",

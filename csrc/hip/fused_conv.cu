@@ -103,6 +103,15 @@ __device__ __forceinline__ bool offset_active(const FwdArgs& a, unsigned int mas
   return (mask >> ((k - a.k0) / a.gs)) & 1u;
 }
 
+// Whether any of the tile rows [r0, r0 + n) has a source through the current offset (st.src, stable between
+// load_sources' barrier and the next one). A warp whose rows have none skips its multiplies for the offset:
+// they would add exact zeros (rows are sorted by mask, so mixed tiles often leave whole row groups idle).
+__device__ __forceinline__ bool rows_have_source(const TileState& st, int r0, int n) {
+  bool any = false;
+  for (int i = 0; i < n; ++i) any |= st.src[r0 + i] >= 0;
+  return any;
+}
+
 // One output element: y[row, col] = v, or += v when a later split accumulates.
 template <typename T>
 __device__ __forceinline__ void store_output(const FwdArgs& a, int32_t row, int64_t col, float v) {
@@ -152,6 +161,7 @@ __device__ void forward_simt(const FwdArgs& a) {
   for (int k = a.k0; k < a.k1; ++k) {
     if (!offset_active(a, mask, k)) continue;
     load_sources(a, st, k);
+    const bool live = rows_have_source(st, ty * 4, 4);  // this thread's rows
     const T* wk = w + int64_t(k) * a.cin * a.cout;
     for (int64_t c0 = 0; c0 < a.cin; c0 += BK) {
       for (int e = tid; e < BK * BM; e += kThreads) {
@@ -166,7 +176,7 @@ __device__ void forward_simt(const FwdArgs& a) {
         Bs[kk][n] = (c < a.cin && col < a.cout) ? to_float(wk[c * a.cout + col]) : 0.f;
       }
       __syncthreads();
-      simt_fma_tile(As, Bs, tx, ty, acc);
+      if (live) simt_fma_tile(As, Bs, tx, ty, acc);
       __syncthreads();
     }
   }
@@ -268,14 +278,17 @@ __device__ void forward_wmma(const FwdArgs& a) {
   for (int k = a.k0; k < a.k1; ++k) {
     if (!offset_active(a, mask, k)) continue;
     load_sources(a, st, k);
+    const bool live = rows_have_source(st, wm * 16, 16);  // this warp's rows
     for (int64_t c0 = 0; c0 < a.cin; c0 += BK) {
       load_tiles_16bit<LDA, LDB>(a, st, k, c0, As, Bs);
       __syncthreads();
+      if (live) {
 #pragma unroll
-      for (int ks = 0; ks < BK; ks += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, MT, wmma::row_major> fa;
-        wmma::load_matrix_sync(fa, reinterpret_cast<const MT*>(&As[wm * 16][ks]), LDA);
-        wmma_step<MT>(fa, Bs, ks, wn * 32, acc);
+        for (int ks = 0; ks < BK; ks += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, MT, wmma::row_major> fa;
+          wmma::load_matrix_sync(fa, reinterpret_cast<const MT*>(&As[wm * 16][ks]), LDA);
+          wmma_step<MT>(fa, Bs, ks, wn * 32, acc);
+        }
       }
       __syncthreads();
     }
@@ -334,14 +347,21 @@ __device__ void forward_mfma(const FwdArgs& a) {
   for (int k = a.k0; k < a.k1; ++k) {
     if (!offset_active(a, mask, k)) continue;
     load_sources(a, st, k);
+#if defined(SPCONV_EMULATE_MFMA)
+    const bool live = true;  // the emulator's MFMA is a block-wide barrier: every wave calls it (docs/hip_cpu.md)
+#else
+    const bool live = rows_have_source(st, wave * 16, 16);  // this wave's rows
+#endif
     for (int64_t c0 = 0; c0 < a.cin; c0 += BK) {
       load_tiles_16bit<LDA, LDB>(a, st, k, c0, As, Bs);
       __syncthreads();
+      if (live) {
 #pragma unroll
-      for (int ks = 0; ks < BK; ks += 16) {
-        mfma_short4 av;
-        for (int i = 0; i < 4; ++i) av[i] = static_cast<short>(As[wave * 16 + lr][ks + 4 * lq + i]);
-        mfma_step<T>(av, Bs, ks, lr, lq, acc);
+        for (int ks = 0; ks < BK; ks += 16) {
+          mfma_short4 av;
+          for (int i = 0; i < 4; ++i) av[i] = static_cast<short>(As[wave * 16 + lr][ks + 4 * lq + i]);
+          mfma_step<T>(av, Bs, ks, lr, lq, acc);
+        }
       }
       __syncthreads();
     }

@@ -4,7 +4,7 @@
 masked lanes and map building are not counted, so GFLOP/s compare routes and libraries fairly.
 """
 from dataclasses import asdict, dataclass
-from typing import Dict, List
+from typing import Dict, Iterable, List, Optional
 
 
 @dataclass
@@ -18,6 +18,13 @@ class ConvLayer:
     n_in: int
     n_out: int
     input_grad: bool = True  # whether backward computes dinput (the first layer's input needs none)
+    # The fused route's rows computed per neighbour pair on this layer's tables (spconv/benchmark/fused_work.py):
+    # split count, forward and dinput, per row tile (gathers) and per 16-row group (multiply-adds).
+    fused_splits: Optional[int] = None
+    fused_fwd_tile: Optional[float] = None
+    fused_fwd_mma: Optional[float] = None
+    fused_dx_tile: Optional[float] = None
+    fused_dx_mma: Optional[float] = None
 
     def to_dict(self) -> Dict[str, object]:
         return asdict(self)
@@ -47,3 +54,15 @@ def total_flops(layers: List[ConvLayer], pass_name: str) -> int:
 
 def gflops_per_s(flops: int, ms: float) -> float:
     return flops / (ms * 1e6) if ms > 0 else float("nan")
+
+
+def weighted_ratio(rows: Iterable[Dict[str, object]], key: str) -> float:
+    """A per-layer ratio (``rows[i][key]``) over a network, weighted by each layer's useful multiply-adds
+    (pairs x cin x cout); rows without the key are left out."""
+    num = den = 0.0
+    for r in rows:
+        if r.get(key) is not None:
+            w = float(r["pairs"]) * float(r["cin"]) * float(r["cout"])
+            num += w * float(r[key])
+            den += w
+    return num / den if den else float("nan")

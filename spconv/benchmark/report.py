@@ -3,6 +3,7 @@ import math
 from typing import Dict, List, Sequence
 
 from spconv.benchmark.baseline import describe_peak
+from spconv.benchmark.flops import weighted_ratio
 from spconv.benchmark.results import Check, Measurement, Record
 
 PASS_LABEL = {"forward": "fwd", "backward": "bwd", "forward_backward": "fwd+bwd", "build": "build"}
@@ -86,13 +87,28 @@ def _peak_source(meta: Dict[str, object], dtype: str, peak: float) -> str:
     return ""
 
 
+def _fused_rows(r: Dict[str, object], pass_key: str) -> str:
+    """'1.30 / 1.14': the fused route's rows per pair of a pass, per row tile / per 16-row group."""
+    tile, mma = r.get(f"fused_{pass_key}_tile"), r.get(f"fused_{pass_key}_mma")
+    return "" if tile is None else f"{tile:.2f} / {mma:.2f}"
+
+
 def format_layers(rows: List[Dict[str, object]]) -> str:
     table = []
     for r in rows:
         n = f"{r['n_in']:,}->{r['n_out']:,}" if "n_in" in r else ""
         table.append([r["layer"], n, f"{r['pairs']:,}" if "pairs" in r else "", fmt_num(r.get("gflop")),
-                      fmt_num(r["ms"]), fmt_num(r.get("gflops"))])
-    return format_table(["layer", "voxels in->out", "pairs", "GFLOP", "fwd ms", "GFLOP/s"], table, left=1)
+                      fmt_num(r["ms"]), fmt_num(r.get("gflops")), str(r.get("fused_splits") or ""),
+                      _fused_rows(r, "fwd"), _fused_rows(r, "dx")])
+    text = format_table(["layer", "voxels in->out", "pairs", "GFLOP", "fwd ms", "GFLOP/s", "splits",
+                         "fused fwd", "fused dinput"], table, left=1)
+    if any(r.get("fused_fwd_tile") is not None for r in rows):
+        ratio = {k: weighted_ratio(rows, f"fused_{k}") for k in ("fwd_tile", "fwd_mma", "dx_tile", "dx_mma")}
+        text += ("\nfused fwd / dinput: the fused route's rows computed per neighbour pair on the layer's tables, per "
+                 "64-row tile (gathers) / per 16-row group (multiply-adds); network, weighted by useful FLOPs: "
+                 f"forward {ratio['fwd_tile']:.2f} / {ratio['fwd_mma']:.2f}, dinput {ratio['dx_tile']:.2f} / "
+                 f"{ratio['dx_mma']:.2f}")
+    return text
 
 
 def format_checks(checks: List[Check]) -> str:

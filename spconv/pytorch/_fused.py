@@ -8,7 +8,9 @@ How it works
   gathers the input rows of each used offset into shared memory and multiplies them by that offset's filter
   slice, accumulating in fp32 registers. Each output is written once: no atomics, deterministic. The mask can
   be split in two or more (``num_splits``): each split has its own row order over its share of the offsets,
-  and the splits run one after another (the first writes, the next ones add).
+  and the splits run one after another (the first writes, the next ones add). A large layer takes two
+  (``split_count``, ``SPLIT_WORK``). Inside a tile, a warp whose 16 rows have no source at an offset skips its
+  multiplies there (docs/routes.md, "Work of the fused route").
   dinput is the same kernel on the reversed map (the table of ``maps.reversed()``) with filters transposed to
   ``[kvol, Cout, Cin]``; dfilter is a per-offset gathered GEMM ``X^T dY`` with split-K partials reduced in a
   fixed order (deterministic, no atomics).
@@ -16,7 +18,8 @@ How it works
   its pairs from that table (column k's entries in row order: the pairs' own order, so the same bits), the
   split count from the device's pair_offsets; the dfilter's reduction also writes the transposed filters for
   dinput. dinput of a mirrored map (submanifold, odd kernel sizes: offset kvol - 1 - k is offset k negated)
-  runs on the forward table with its columns reversed and the forward masks / order; of a regular conv on the
+  runs on the forward table with its columns reversed: read mirrored with the forward's masks / order of one
+  split, or, with more splits, as a reversed copy with masks and order of its own; of a regular conv on the
   builder's in->out table (``maps.in_table``), whose masks and order the first backward makes (cached). So a
   SubM map's pairs are never read by the fused route.
   Kernel bodies, picked by the compile target (never by a user flag): SIMT FMA on every GPU; for fp16/bf16
@@ -55,8 +58,13 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MIRRORED_KEY = "fused_mirrored"
 MAX_KVOL = 4096
 MAX_CHANNELS = 16384
-# Mask splits of the forward / dinput tables. 1 until the device benchmark shows a split pays.
-NUM_SPLITS = 1
+# Mask splits of the forward / dinput tables. Two splits halve the offsets each row tile walks, so the rows
+# multiplied per neighbour pair drop (1.9 -> 1.4 on the real scan's basic network, docs/routes.md), for one
+# more launch and one more pass over the output. That pays once a layer's rows x Cin x Cout reaches SPLIT_WORK:
+# about half of 7 pairs per row of multiplies saved at ~50 TMAC/s outweighs a ~5 us launch and the output's
+# extra read and write. Smaller layers keep one split (and the map builder's tables).
+SPLIT_WORK = 1 << 27
+MAX_SPLITS = 4
 
 
 # ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----
@@ -105,9 +113,13 @@ def _reversed(maps):
     return cached
 
 
-def split_count(kvol: int, num_splits: int = 0) -> int:
-    """The mask splits the tables of a kernel volume get (NUM_SPLITS unless asked for)."""
-    return max(1, min(num_splits or NUM_SPLITS, kvol, 4))
+def split_count(kvol: int, num_splits: int = 0, work=0) -> int:
+    """The mask splits of the tables of a kernel volume: ``num_splits`` when asked for, else two for a layer whose
+    rows x Cin x Cout (``work``) reaches SPLIT_WORK and one otherwise. A traced graph whose row count is symbolic
+    takes one split unless every count it allows reaches SPLIT_WORK: a guard on the count would specialize it."""
+    if not num_splits:
+        num_splits = 2 if statically_known_true(work >= SPLIT_WORK) else 1
+    return max(1, min(num_splits, kvol, MAX_SPLITS))
 
 
 def table_cache_key(splits: int) -> str:
@@ -121,10 +133,11 @@ def table_info(maps) -> Optional[torch.Tensor]:
     return info if info is not None else map_info_of(maps)
 
 
-def fused_tables(maps, num_splits: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(nbr, masks, order) of ``maps`` (outputs as rows), built once and cached in ``maps.cache``."""
+def fused_tables(maps, num_splits: int = 0, channels=0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(nbr, masks, order) of ``maps`` (outputs as rows), built once per split count and cached in
+    ``maps.cache``; ``channels`` (Cin x Cout) picks the split count when ``num_splits`` is 0."""
     kvol = maps.pair_offsets.shape[0] - 1
-    s = split_count(kvol, num_splits)
+    s = split_count(kvol, num_splits, maps.num_out * channels)
     key = table_cache_key(s)
     tables = maps.cache.get(key)
     if tables is None:
@@ -153,13 +166,25 @@ def _mirrored(maps) -> bool:
     return info is not None and bool(int(info.numpy()[-1]) & MAP_MIRRORED)  # a host record: no op
 
 
-def _dinput_tables(maps, num_splits: int):
-    """(nbr, masks, order, mirrored) of dinput: a mirrored map's forward tables (one split), else the reversed
-    map's (from the builder's in->out table where there is one, else from the pairs)."""
-    if getattr(maps, "out_table", None) is not None and split_count(maps.pair_offsets.shape[0] - 1,
-                                                                     num_splits) == 1 and _mirrored(maps):
-        return (*fused_tables(maps, num_splits), True)
-    return (*fused_tables(_reversed(maps), num_splits), False)
+def dinput_tables(maps, num_splits: int = 0, channels=0):
+    """(nbr, masks, order, mirrored) of dinput, cached in ``maps.cache``. A mirrored map with its builder's table:
+    with one split, the forward table read mirrored (its masks and order of one split); with more, the reversed
+    map's table, which is the forward table with its columns reversed (offset k's pairs are offset kvol - 1 - k's
+    swapped). Other maps: the reversed map's tables (the builder's in->out table where there is one, else from
+    the pairs)."""
+    table = getattr(maps, "out_table", None)
+    if table is not None and _mirrored(maps):
+        s = split_count(table.shape[1], num_splits, maps.num_in * channels)
+        if s == 1:
+            return (*fused_tables(maps, 1), True)
+        key = "fused_dinput_s%d" % s
+        tables = maps.cache.get(key)
+        if tables is None:
+            flipped = table.flip(1)
+            tables = (flipped, *_backend.ops.fused_map_masks(flipped, s))
+            maps.cache[key] = tables
+        return (*tables, False)
+    return (*fused_tables(_reversed(maps), num_splits, channels), False)
 
 
 def _dfilter_table(maps):
@@ -211,14 +236,17 @@ class FusedConvFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, features, filters, maps, num_splits):
-        nbr, masks, order = fused_tables(maps, num_splits)
+        channels = filters.shape[1] * filters.shape[2]
+        nbr, masks, order = fused_tables(maps, num_splits, channels)
         out = _backend.ops.fused_conv(features, filters, nbr, masks, order, table_info(maps))
-        if ctx.needs_input_grad[0] and getattr(maps, "in_table", None) is not None:
-            # A regular conv's dinput table (the builder's in->out table) gets its masks and order now, once per
-            # map, so that the backward is its one op's launches alone.
-            _dinput_tables(maps, num_splits)
+        if ctx.needs_input_grad[0] and (getattr(maps, "in_table", None) is not None or masks.shape[0] > 1):
+            # Dinput tables that are not this forward's (a regular conv's in->out table from its builder, a
+            # mirrored map's reversed table) get their masks and order now, once per map, so that the backward
+            # is its one op's launches alone.
+            dinput_tables(maps, num_splits, channels)
         ctx.maps = maps
         ctx.num_splits = num_splits
+        ctx.channels = channels
         ctx.save_for_backward(features, filters)
         return out
 
@@ -232,14 +260,15 @@ class FusedConvFunction(torch.autograd.Function):
         dw_table = _dfilter_table(maps)
         if dw_table is not None:
             table, by_output = dw_table
-            nbr, masks, order, mirrored = _dinput_tables(maps, ctx.num_splits) if need_dx else (table,) * 3 + (False,)
+            nbr, masks, order, mirrored = (dinput_tables(maps, ctx.num_splits, ctx.channels) if need_dx else
+                                           (table,) * 3 + (False,))
             dx, dw = _backend.ops.fused_conv_backward(features, filters, grad_out, nbr, masks, order, mirrored, table,
                                                       by_output, maps.pair_offsets, need_dx, need_dw, table_info(maps))
             return (dx if need_dx else None), (dw if need_dw else None), None, None
         dx = dw = None
         if ctx.needs_input_grad[0]:
             rev = _reversed(maps)
-            nbr, masks, order = fused_tables(rev, ctx.num_splits)
+            nbr, masks, order = fused_tables(rev, ctx.num_splits, ctx.channels)
             dx = _backend.ops.fused_conv(grad_out, filters.transpose(1, 2).contiguous(), nbr, masks, order,
                                          table_info(rev))
         if ctx.needs_input_grad[1]:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import spconv.pytorch as sp
-from spconv.benchmark import network, reference, scenes
+from spconv.benchmark import fused_work, network, reference, scenes
 from spconv.benchmark.flops import ConvLayer
 from spconv.benchmark.results import Check
 from spconv.benchmark.routes import Route, available_routes, chosen_route_name, forced_native
@@ -84,9 +84,10 @@ def trace_layers(net, x) -> List[ConvLayer]:
     for i, ((kind, cin, cout, key), rec) in enumerate(zip(specs, seen)):
         if kind != "subm":
             continue
-        pairs = int(rec["out"].indice_dict[key].indice_pair_num.sum().item())
+        data = rec["out"].indice_dict[key]
+        pairs = int(data.indice_pair_num.sum().item())
         layers.append(ConvLayer(f"{i}:subm{cin}->{cout}", cin, cout, pairs, rec["n_in"], rec["n_out"],
-                                input_grad=i > 0))
+                                input_grad=i > 0, **fused_work.layer_work(data.maps, cin, cout)))
     return layers
 
 
