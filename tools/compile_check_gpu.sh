@@ -2,8 +2,8 @@
 # Compile check of the GPU code without a GPU: every csrc/hip/*.cu with nvcc (sm_80, sm_90) and with hipcc
 # (gfx906, gfx90a), the int8 kernel's body on each target (dp4a sm_75, mma s8 sm_80, sdot4 gfx906, MFMA
 # gfx90a), the GPU glue csrc/ops/gpu/*.cpp with the host C++ compiler against the installed torch headers
-# (syntax only), and the static budget of the sm_80 tensor-core bodies' SASS (tools/sass_budget.py). Exits non-zero
-# on any error.
+# (syntax only), and the static budgets of the sm_80 tensor-core bodies' SASS (tools/sass_budget.py) and of the
+# MFMA forward body's gfx90a ISA (tools/mfma_budget.py). Exits non-zero on any error.
 #   NVCC=...  HIPCC=...  CXX=...          compilers (defaults: nvcc from PATH or CUDA_HOME, hipcc, g++)
 #   SPCONV_SKIP_HIPCC=1 / SPCONV_SKIP_NVCC=1  skip one dialect (CI should not)
 #   JOBS=N                                parallel compiles (default 2)
@@ -134,5 +134,10 @@ if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ]; then
     status=1
   fi
 fi
-echo "compile_check_gpu: $(wc -l <"$jobs_file") compiles, the int8 bodies and the SASS budget in $(( $(date +%s) - start )) s, status $status"
+# The MFMA forward body's static budget on the gfx90a ISA (instructions per m16n8k16-equivalent in its main loop,
+# no scratch), figures in this log.
+if [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ]; then
+  HIPCC=$HIPCC ${PYTHON:-python3} tools/mfma_budget.py || status=1
+fi
+echo "compile_check_gpu: $(wc -l <"$jobs_file") compiles, the int8 bodies and the SASS and MFMA budgets in $(( $(date +%s) - start )) s, status $status"
 exit $status

@@ -5,7 +5,8 @@
 //    multiplies by the offset's filter slice. Every output element is written by exactly one thread: no atomics.
 //    Three bodies share one launch shape (256 threads, 64x64 tile, K step 32) so the host never needs to know
 //    the device: SIMT FMA (every target, every dtype), WMMA fp16/bf16 (NVIDIA sm_80+), MFMA fp16/bf16
-//    (gfx90a / gfx94x). The body is picked by the compile target inside the kernel.
+//    (gfx90a / gfx94x; pipelined, fused_conv_mfma.cuh). The body is picked by the compile target inside the
+//    kernel.
 //  * dfilter: per-offset gathered GEMM x^T dy with split-K partials in an fp32 workspace, reduced in a fixed
 //    order (deterministic, no atomics); same bodies (SIMT, WMMA, MFMA, pipelined sm_80) with the same launch
 //    shape.
@@ -101,6 +102,28 @@ __device__ __forceinline__ void load_sources(const FwdArgs& a, TileState& st, in
 
 __device__ __forceinline__ bool offset_active(const FwdArgs& a, unsigned int mask, int k) {
   return (mask >> ((k - a.k0) / a.gs)) & 1u;
+}
+
+// Walks the active offsets group by group (mask bit g: offsets [k0 + g gs, k0 + (g + 1) gs) of [k0, k1)), so
+// that the next offset costs a compare, not a division.
+struct OffsetWalk {
+  int k, k_end, grp;  // current offset (k1: none left), end of its group, its group
+};
+
+__device__ __forceinline__ void walk_group(const FwdArgs& a, unsigned int mask, OffsetWalk& w, int from) {
+  const unsigned int rest = from < 32 ? mask >> from : 0u;
+  if (rest == 0u) {
+    w.k = w.k_end = a.k1;
+    return;
+  }
+  w.grp = from + static_cast<int>(__ffs(rest)) - 1;
+  w.k = a.k0 + w.grp * a.gs;
+  w.k_end = w.k + a.gs < a.k1 ? w.k + a.gs : a.k1;
+  if (w.k >= a.k1) w.k = w.k_end = a.k1;
+}
+
+__device__ __forceinline__ void walk_next(const FwdArgs& a, unsigned int mask, OffsetWalk& w) {
+  if (++w.k >= w.k_end) walk_group(a, mask, w, w.grp + 1);
 }
 
 // Whether any of the tile rows [r0, r0 + n) has a source through the current offset (st.src, stable between
@@ -333,42 +356,7 @@ __device__ __forceinline__ void mfma_store(const mfma_float4 (&acc)[4], float (*
   __syncthreads();
 }
 
-template <typename T>
-__device__ void forward_mfma(const FwdArgs& a) {
-  constexpr int LDA = BK + 8, LDB = BN + 8, LDC = BN + 4;
-  __shared__ TileState st;
-  __shared__ __attribute__((aligned(16))) uint16_t As[BM][LDA];
-  __shared__ __attribute__((aligned(16))) uint16_t Bs[BK][LDB];
-  __shared__ float Cs[BM][LDC];
-  const int wave = threadIdx.x / 64, lane = threadIdx.x % 64, lr = lane % 16, lq = lane / 16;
-  const unsigned int mask = tile_prologue(a, st);
-  mfma_float4 acc[4];
-  for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
-  for (int k = a.k0; k < a.k1; ++k) {
-    if (!offset_active(a, mask, k)) continue;
-    load_sources(a, st, k);
-#if defined(SPCONV_EMULATE_MFMA)
-    const bool live = true;  // the emulator's MFMA is a block-wide barrier: every wave calls it (docs/hip_cpu.md)
-#else
-    const bool live = rows_have_source(st, wave * 16, 16);  // this wave's rows
-#endif
-    for (int64_t c0 = 0; c0 < a.cin; c0 += BK) {
-      load_tiles_16bit<LDA, LDB>(a, st, k, c0, As, Bs);
-      __syncthreads();
-      if (live) {
-#pragma unroll
-        for (int ks = 0; ks < BK; ks += 16) {
-          mfma_short4 av;
-          for (int i = 0; i < 4; ++i) av[i] = static_cast<short>(As[wave * 16 + lr][ks + 4 * lq + i]);
-          mfma_step<T>(av, Bs, ks, lr, lq, acc);
-        }
-      }
-      __syncthreads();
-    }
-  }
-  mfma_store(acc, Cs, wave, lr, lq);
-  store_tile<T>(a, st, &Cs[0][0], LDC);
-}
+#include "fused_conv_mfma.cuh"
 #endif
 
 // The pipelined sm_80 forward body: in the emulated sm80 variant, and in nvcc builds for sm_80+ that ask for it

@@ -44,28 +44,6 @@ __device__ __forceinline__ bool sm80_deep_k(int cin) {
   return c32 % 2 == 0 || c32 > 4;
 }
 
-// Walks the active offsets group by group (mask bit g: offsets [k0 + g gs, k0 + (g + 1) gs) of [k0, k1)), so
-// that the next offset costs a compare, not a division.
-struct OffsetWalk {
-  int k, k_end, grp;  // current offset (k1: none left), end of its group, its group
-};
-
-__device__ __forceinline__ void walk_group(const FwdArgs& a, unsigned int mask, OffsetWalk& w, int from) {
-  const unsigned int rest = from < 32 ? mask >> from : 0u;
-  if (rest == 0u) {
-    w.k = w.k_end = a.k1;
-    return;
-  }
-  w.grp = from + static_cast<int>(__ffs(rest)) - 1;
-  w.k = a.k0 + w.grp * a.gs;
-  w.k_end = w.k + a.gs < a.k1 ? w.k + a.gs : a.k1;
-  if (w.k >= a.k1) w.k = w.k_end = a.k1;
-}
-
-__device__ __forceinline__ void walk_next(const FwdArgs& a, unsigned int mask, OffsetWalk& w) {
-  if (++w.k >= w.k_end) walk_group(a, mask, w, w.grp + 1);
-}
-
 // Issues the copies of the K steps in order; each thread owns the same pieces of the A tile (row ar, channels
 // akk + 32 p) and of the B tile (row bkk, channels bn + 32 p) at every step. Tile addresses are byte offsets
 // in stage 0 (a stage's offset is added per step).

@@ -9,8 +9,8 @@ How it works
   slice, accumulating in fp32 registers. Each output is written once: no atomics, deterministic. The mask can
   be split in two or more (``num_splits``): each split has its own row order over its share of the offsets,
   and the splits run one after another (the first writes, the next ones add). A large layer takes two
-  (``split_count``, ``SPLIT_WORK``). Inside a tile, a warp whose 16 rows have no source at an offset skips its
-  multiplies there (docs/routes.md, "Work of the fused route").
+  (``split_count``, ``SPLIT_WORK``). Inside a tile, a WMMA warp whose 16 rows have no source at an offset skips
+  its multiplies there (docs/routes.md, "Work of the fused route").
   dinput is the same kernel on the reversed map (the table of ``maps.reversed()``) with filters transposed to
   ``[kvol, Cout, Cin]``; dfilter is a per-offset gathered GEMM ``X^T dY`` with split-K partials reduced in a
   fixed order (deterministic, no atomics).
