@@ -80,16 +80,16 @@ def kernels(text: str) -> Dict[str, Tuple[List[str], Dict[int, str], Dict[str, s
     return out
 
 
-def loops(ins: List[str], labels: Dict[int, str]) -> List[Tuple[int, int]]:
+def loops(ins: List[str], labels: Dict[int, str], first_latch: bool = False) -> List[Tuple[int, int]]:
     """(first, last) instruction of each loop: a label some later branch jumps back to, up to the last such
-    branch (a loop the compiler laid out with its entry in the middle has several)."""
+    branch (a loop the compiler laid out with its entry in the middle has several), or up to the first one."""
     at = {name: i for i, name in labels.items()}
-    last: Dict[int, int] = {}
+    end: Dict[int, int] = {}
     for j, s in enumerate(ins):
         m = re.match(r"^s_(?:c?branch\w*)\s+(\.LBB\d+_\d+)", s)
-        if m and m.group(1) in at and at[m.group(1)] <= j:
-            last[at[m.group(1)]] = j
-    return sorted(last.items())
+        if m and m.group(1) in at and at[m.group(1)] <= j and not (first_latch and at[m.group(1)] in end):
+            end[at[m.group(1)]] = j
+    return sorted(end.items())
 
 
 def innermost(spans: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
@@ -115,6 +115,10 @@ def check_kernel(name: str, ins: List[str], labels: Dict[int, str], meta: Dict[s
     failures = []
     found = [(i, figures(ins[i:j + 1])) for i, j in innermost(loops(ins, labels))]
     found = [(i, f) for i, f in found if f["MFMA"]]
+    if not found:  # MFMAs only in loops around others (dfilter's table scan): the path to the first latch
+        spans = [(i, figures(ins[i:j + 1])) for i, j in loops(ins, labels, first_latch=True)]
+        found = [min(((i, f) for i, f in spans if f["MFMA"]), key=lambda x: x[1]["instructions"], default=None)]
+        found = [x for x in found if x]
     main = [(i, f) for i, f in found
             if f["global"] == f["vector_loads"] > 0 and f["ds_write"] and f["barrier"]]
     for i, f in found:

@@ -329,25 +329,6 @@ typedef SPCONV_VECTOR(_Float16, 4) mfma_half4;
 typedef SPCONV_VECTOR(short, 4) mfma_short4;
 typedef SPCONV_VECTOR(float, 4) mfma_float4;
 
-// acc[f] += A * B[ks.., 16 f ..] for the wave's four 16-column fragments; av holds the lane's A operand.
-template <typename T, int LDB>
-__device__ __forceinline__ void mfma_step(mfma_short4 av, const uint16_t (*Bs)[LDB], int ks, int lr, int lq,
-                                          mfma_float4 (&acc)[4]) {
-#pragma unroll
-  for (int f = 0; f < 4; ++f) {
-    mfma_short4 bv;
-    for (int i = 0; i < 4; ++i) bv[i] = static_cast<short>(Bs[ks + 4 * lq + i][f * 16 + lr]);
-    if constexpr (std::is_same<T, __half>::value) {
-      mfma_half4 ah, bh;
-      __builtin_memcpy(&ah, &av, sizeof(ah));
-      __builtin_memcpy(&bh, &bv, sizeof(bh));
-      acc[f] = __builtin_amdgcn_mfma_f32_16x16x16f16(ah, bh, acc[f], 0, 0, 0);
-    } else {
-      acc[f] = __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(av, bv, acc[f], 0, 0, 0);
-    }
-  }
-}
-
 // The wave's 16x64 slice (D layout) into the shared fp32 tile Cs, then a block barrier.
 template <int LDC>
 __device__ __forceinline__ void mfma_store(const mfma_float4 (&acc)[4], float (*Cs)[LDC], int wave, int lr, int lq) {
@@ -658,31 +639,52 @@ __device__ void dfilter_wmma(const DfArgs& a) {
 #endif
 
 #if defined(SPCONV_DEVICE_MFMA)
+// A step's gathered x rows and dy rows stored transposed (b.a[ci][p], b.bt[co][p]): dW tile = X^T DY is then
+// fused_conv_mfma.cuh's product, K = the step's BP pairs, each operand one 64-bit LDS read.
+__device__ __forceinline__ void df_stash_16bit_t(const DfArgs& a, const DfState& st, const DfTile& t, MfmaBuffer& b) {
+  static_assert(BP == BK, "a step's pairs fill the MFMA tile's K");
+  const uint16_t* x = static_cast<const uint16_t*>(a.x);
+  const uint16_t* dy = static_cast<const uint16_t*>(a.dy);
+  const int tid = threadIdx.x;
+  if (a.vec) {  // BP * 64 / 8 == kThreads vectors per tile
+    const int p = tid / 8, c = (tid % 8) * 8;
+    const int32_t ri = st.in[p], ro = st.out[p];
+    alignas(16) uint16_t va[8];
+    alignas(16) uint16_t vb[8];
+    copy8_or_zero(va, ri >= 0 && t.ci0 + c < a.cin ? x + int64_t(ri) * a.cin + t.ci0 + c : nullptr);
+    copy8_or_zero(vb, ro >= 0 && t.co0 + c < a.cout ? dy + int64_t(ro) * a.cout + t.co0 + c : nullptr);
+    for (int i = 0; i < 8; ++i) {
+      b.a[c + i][p] = va[i];
+      b.bt[c + i][p] = vb[i];
+    }
+  } else {
+    for (int e = tid; e < BP * 64; e += kThreads) {
+      const int p = e / 64, c = e % 64;
+      const int32_t ri = st.in[p], ro = st.out[p];
+      b.a[c][p] = (ri >= 0 && t.ci0 + c < a.cin) ? x[int64_t(ri) * a.cin + t.ci0 + c] : uint16_t(0);
+      b.bt[c][p] = (ro >= 0 && t.co0 + c < a.cout) ? dy[int64_t(ro) * a.cout + t.co0 + c] : uint16_t(0);
+    }
+  }
+}
+
 template <typename T>
 __device__ void dfilter_mfma(const DfArgs& a) {
-  constexpr int LD = 64 + 8, LDC = BN + 4;
   __shared__ DfState st;
-  __shared__ __attribute__((aligned(16))) uint16_t As[BP][LD];
-  __shared__ __attribute__((aligned(16))) uint16_t Bs[BP][LD];
-  __shared__ float Cs[BM][LDC];
+  __shared__ MfmaShared sm;  // one buffer, then the epilogue's tile
   const DfTile t = df_tile(a);
   if (t.s >= t.splits) return;  // table mode: past the device's split count
   const int wave = threadIdx.x / 64, lane = threadIdx.x % 64, lr = lane % 16, lq = lane / 16;
   mfma_float4 acc[4];
   for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
   df_begin(a, t, st);
-  for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {
-    df_load_16bit<LD>(a, st, t, As, Bs);
+  for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {  // (df_next starts with a barrier: the last step is read)
+    df_stash_16bit_t(a, st, t, sm.buf[0]);
     __syncthreads();
-#pragma unroll
-    for (int ks = 0; ks < BP; ks += 16) {
-      mfma_short4 av;  // A[ci][p] = As[p][ci]
-      for (int i = 0; i < 4; ++i) av[i] = static_cast<short>(As[ks + 4 * lq + i][wave * 16 + lr]);
-      mfma_step<T>(av, Bs, ks, lr, lq, acc);
-    }
+    mfma_multiply<T>(sm.buf[0], wave, lr, lq, acc);
   }
-  mfma_store(acc, Cs, wave, lr, lq);
-  df_store(a, t, &Cs[0][0], LDC);
+  __syncthreads();  // every wave is done with the buffer the epilogue's tile overlaps
+  mfma_store(acc, sm.c, wave, lr, lq);
+  df_store(a, t, &sm.c[0][0], BN + 4);
 }
 #endif
 
