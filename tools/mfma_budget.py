@@ -2,9 +2,10 @@
 tools/compile_check_gpu.sh, whose log shows the figures.
 
 For the fp16 and bf16 fused forward kernel (csrc/hip/fused_conv_mfma.cuh) on gfx90a:
-  * its main loop, the innermost loop that loads 16-byte vectors from global memory, writes LDS, waits at a
-    barrier and runs MFMAs (one K step), spends at most FORWARD_BUDGET instructions per m16n8k16-equivalent MMA
-    (a v_mfma_f32_16x16x16 is two: 4096 multiply-adds);
+  * every main loop, an innermost loop that loads 16-byte vectors from global memory, writes LDS, waits at a
+    barrier and runs MFMAs (one K step of one shape), spends at most OTHERS instructions per m16n8k16-equivalent
+    MMA (a v_mfma_f32_16x16x16 is two: 4096 multiply-adds), and the one with the most MFMAs per iteration (the
+    64-channel step, which every cin above 96 takes: the large layers) at most LARGEST;
   * there is such a loop;
   * the kernel uses no scratch memory (no spills).
 The scalar-copy path (channels not a multiple of 8: element loads) and the dfilter kernel's MFMA loops are
@@ -23,8 +24,9 @@ from typing import Dict, List, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(REPO, "csrc", "hip", "fused_conv.cu")
-FORWARD_BUDGET = 5.0  # the 32-channel K step of the 64x64 tile (every channel count today)
-KERNELS = [(r"fused_forward_kernel<(__half|.*bf16)", FORWARD_BUDGET), (r"dfilter_kernel<(__half|.*bf16)", None)]
+LARGEST, OTHERS = 4.0, 5.0  # instructions per m16n8k16-equivalent: the 64-channel K step, the 32-channel one
+# (kernel regex, (budget of the main loop with the most MFMAs, of the other main loops) or None: not held)
+KERNELS = [(r"fused_forward_kernel<(__half|.*bf16)", (LARGEST, OTHERS)), (r"dfilter_kernel<(__half|.*bf16)", None)]
 # (group, instruction prefix) counted in a loop
 COUNTED = (("MFMA", "v_mfma"), ("global", "global_load"), ("ds_read", "ds_read"), ("ds_write", "ds_write"),
            ("barrier", "s_barrier"))
@@ -121,18 +123,20 @@ def check_kernel(name: str, ins: List[str], labels: Dict[int, str], meta: Dict[s
         found = [x for x in found if x]
     main = [(i, f) for i, f in found
             if f["global"] == f["vector_loads"] > 0 and f["ds_write"] and f["barrier"]]
+    most = max((f["MFMA"] for _, f in main), default=0)
     for i, f in found:
         per = f["instructions"] / f["mma_equivalents"]
         held = budget is not None and (i, f) in main
-        ok = not held or per <= budget
+        limit = (budget[0] if f["MFMA"] == most else budget[1]) if held else None
+        ok = not held or per <= limit
         mark = ("ok  " if ok else "FAIL") if held else "    "
         scalar = budget is not None and f["global"] != f["vector_loads"]
-        what = f"budget {budget:g}" if held else "not held" + (": the scalar-copy path" if scalar else "")
+        what = f"budget {limit:g}" if held else "not held" + (": the scalar-copy path" if scalar else "")
         lines.append(f"  {mark} loop at {i}: {f['MFMA']} MFMA ({f['mma_equivalents']} m16n8k16), {f['global']} global "
                      f"loads, {f['ds_read']} LDS reads, {f['ds_write']} LDS writes, {f['barrier']} barriers, "
                      f"{f['instructions']} instructions: {per:.2f} per m16n8k16 ({what})")
         if not ok:
-            failures.append(f"{name}: {per:.2f} instructions per m16n8k16 in the loop at {i} (budget {budget:g})")
+            failures.append(f"{name}: {per:.2f} instructions per m16n8k16 in the loop at {i} (budget {limit:g})")
     if budget is not None and not main:
         failures.append(f"{name}: no loop with global loads, LDS writes, a barrier and MFMAs")
     if budget is not None and int(meta.get("ScratchSize", "0")):

@@ -678,9 +678,9 @@ __device__ void dfilter_mfma(const DfArgs& a) {
   for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
   df_begin(a, t, st);
   for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {  // (df_next starts with a barrier: the last step is read)
-    df_stash_16bit_t(a, st, t, sm.buf[0]);
+    df_stash_16bit_t(a, st, t, *sm.tiles<MfmaShape<BK, 1>>());
     __syncthreads();
-    mfma_multiply<T>(sm.buf[0], wave, lr, lq, acc);
+    mfma_multiply<T>(*sm.tiles<MfmaShape<BK, 1>>(), wave, lr, lq, acc);
   }
   __syncthreads();  // every wave is done with the buffer the epilogue's tile overlaps
   mfma_store(acc, sm.c, wave, lr, lq);

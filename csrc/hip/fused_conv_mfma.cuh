@@ -3,12 +3,15 @@
 // offset_active, table_column, store_tile, the mfma_* types and mfma_store).
 //
 // Same tile, launch shape and K order as the SIMT body: 64 output rows x 64 channels, 256 threads = 4 waves, each
-// a 16 x 64 slice; the active offsets in order, 32 channels per K step, two 16-deep MFMAs per step and column
-// fragment. So under the HIP CPU emulator it gives the SIMT body's bits.
-// Pipeline: each thread fetches the same two 16-byte pieces at every step, one of the gathered A tile (row
-// tid / 4) and one of the filter slice (k row tid / 8), into registers. The next step's pieces are fetched
-// before this step's multiplies and stored into the other of two LDS buffers after them: global loads run a
-// step ahead, one barrier per step. A is stored [row][k] and B transposed, [n][k], so each operand (four
+// a 16 x 64 slice; the active offsets in order, each in K steps of TK channels zero-padded past cin (the SIMT
+// body's 32-channel steps in the same order), 16-deep MFMAs. So under the HIP CPU emulator it gives the SIMT
+// body's bits.
+// Pipeline: each thread fetches the same TK / 32 pairs of 16-byte pieces at every step, of the gathered A tile
+// (row tid / 4, channels 32 apart) and of the filter slice (k rows tid / 8 + 32 j), into registers. The next
+// step's pieces are fetched before this step's multiplies and stored after them: global loads run a step ahead.
+// Two K step shapes (mfma_deep_k): 32 channels in two LDS buffers, one barrier per step; or, for cin > 96 and
+// even counts of 32, 64 channels in one buffer (the same LDS: twice the MFMAs per step and per barrier pair),
+// with a barrier before the store as well. A is stored [row][k] and B transposed, [n][k], so each operand (four
 // consecutive k of one row or column) is one 64-bit LDS read. Each thread reads its own row's neighbour from
 // the table when the offset changes, so a new offset needs no block barrier; the steps within an offset are an
 // inner loop of loads, LDS reads and writes, MFMAs and one barrier.
@@ -16,25 +19,48 @@
 // compiler copy the accumulators between matrix and vector registers at every step (32 moves for 8 MFMAs),
 // which costs more than the multiplies a wave without sources would skip.
 
-constexpr int kMfmaLd = BK + 4;  // row stride (elements) of both tiles: 72 bytes, rows 8-byte aligned
-
-struct MfmaBuffer {
-  uint16_t a[BM][kMfmaLd];   // gathered rows, [row][k]
-  uint16_t bt[BN][kMfmaLd];  // filter slice transposed, [n][k]
+// K step shapes: TK channels per step, S LDS buffers (18 KiB either way, so three blocks fit a CU's 64 KiB).
+template <int TK>
+struct MfmaTile {
+  static constexpr int kLd = TK + 4;  // row stride (elements): rows 8-byte aligned, operand reads spread over banks
+  uint16_t a[BM][kLd];   // gathered rows, [row][k]
+  uint16_t bt[BN][kLd];  // filter slice transposed, [n][k]
 };
+template <int TK, int S>
+struct MfmaShape {
+  static constexpr int kK = TK, kStages = S, kPieces = TK / 32;
+  using Tile = MfmaTile<TK>;
+};
+using MfmaShallow = MfmaShape<32, 2>;
+using MfmaDeep = MfmaShape<64, 1>;
+using MfmaBuffer = MfmaTile<BK>;  // the dfilter body's tile: K = a step's BP == BK pairs
 
-union alignas(16) MfmaShared {
-  MfmaBuffer buf[2];
+union alignas(16) MfmaShared {  // one copy for both shapes (static shared memory adds up per function)
+  MfmaTile<32> shallow[2];
+  MfmaTile<64> deep[1];
   float c[BM][BN + 4];  // the epilogue's tile, after the last step
+  template <typename Shape>
+  __device__ __forceinline__ typename Shape::Tile* tiles() {
+    return reinterpret_cast<typename Shape::Tile*>(this);
+  }
 };
+static_assert(sizeof(MfmaTile<32>) * 2 <= sizeof(MfmaShared) && sizeof(MfmaTile<64>) <= sizeof(MfmaShared), "");
+
+// The 64-channel step where it adds no padding to the 32-channel steps (an even count of them), or at most one
+// padding step to five or more (every cin > 96): the sm_80 body's rule.
+__device__ __forceinline__ bool mfma_deep_k(int cin) {
+  const int c32 = (cin + 31) / 32;
+  return c32 % 2 == 0 || c32 > 4;
+}
 
 // One thread's pieces of a K step, in registers between their fetch and their store.
+template <int P>
 struct MfmaPieces {
-  uint4 a, b;
+  uint4 a[P], b[P];
 };
 
-// Issues the K steps in order (the active offsets, 32 channels at a time); the thread's pieces are the same at
-// every step: A row ar, channels akk..akk+7 of the step; B k row bkk, columns bn..bn+7 of the tile.
+// Issues the K steps in order (the active offsets, TK channels at a time); the thread's pieces are the same at
+// every step: A row tid / 4, channels akk + 32 j of the step; B k rows bkk + 32 j, columns bn..bn+7 of the tile.
 struct MfmaIssuer {
   OffsetWalk off;     // offset of the step to fetch next (a.k1: none left)
   int c0;             // its first channel
@@ -78,40 +104,49 @@ __device__ __forceinline__ uint4 mfma_piece(const uint16_t* p, bool ok, int left
 }
 
 // The pieces of the issuer's step (channels is.c0.. of offset is.off.k).
-template <bool Vec>
-__device__ __forceinline__ void mfma_fetch(const FwdArgs& a, const MfmaIssuer& is, MfmaPieces& p) {
+template <bool Vec, int P>
+__device__ __forceinline__ void mfma_fetch(const FwdArgs& a, const MfmaIssuer& is, MfmaPieces<P>& p) {
   const int cin = static_cast<int>(a.cin);  // launch_forward refuses cin past int
-  const int ca = is.c0 + is.akk, cb = is.c0 + is.bkk;
   const int cols = static_cast<int>(a.cout - (int64_t(blockIdx.y) * BN + (threadIdx.x % 8) * 8));
-  p.a = mfma_piece<Vec>(is.pa, is.src >= 0 && ca < cin, cin - ca);
-  p.b = mfma_piece<Vec>(is.pb, is.col_ok && cb < cin, cols);
-}
-
-// The next 32 channels of the issuer's offset.
-__device__ __forceinline__ void mfma_next_channels(const FwdArgs& a, MfmaIssuer& is) {
-  is.c0 += BK;
-  is.pa += BK;
-  is.pb += int64_t(BK) * a.cout;
-}
-
-__device__ __forceinline__ void mfma_stash(const MfmaPieces& p, MfmaBuffer& b) {
-  const int tid = threadIdx.x, ar = tid / 4, akk = (tid % 4) * 8, bkk = tid / 8, bn = (tid % 8) * 8;
-  uint2* da = reinterpret_cast<uint2*>(&b.a[ar][akk]);
-  da[0] = make_uint2(p.a.x, p.a.y);
-  da[1] = make_uint2(p.a.z, p.a.w);
-  const uint32_t v[4] = {p.b.x, p.b.y, p.b.z, p.b.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {  // column bn + 2 i is the low half of v[i], bn + 2 i + 1 the high half
-    b.bt[bn + 2 * i][bkk] = static_cast<uint16_t>(v[i]);
-    b.bt[bn + 2 * i + 1][bkk] = static_cast<uint16_t>(v[i] >> 16);
+  for (int j = 0; j < P; ++j) {
+    const int ca = is.c0 + is.akk + 32 * j, cb = is.c0 + is.bkk + 32 * j;
+    p.a[j] = mfma_piece<Vec>(is.pa + 32 * j, is.src >= 0 && ca < cin, cin - ca);
+    p.b[j] = mfma_piece<Vec>(is.pb + int64_t(32 * j) * a.cout, is.col_ok && cb < cin, cols);
   }
 }
 
-// acc[f] += the wave's 16 rows x the 16 columns of fragment f, over the step's 32 channels.
-template <typename T>
-__device__ __forceinline__ void mfma_multiply(const MfmaBuffer& b, int wave, int lr, int lq, mfma_float4 (&acc)[4]) {
+// The next TK channels of the issuer's offset.
+template <int TK>
+__device__ __forceinline__ void mfma_next_channels(const FwdArgs& a, MfmaIssuer& is) {
+  is.c0 += TK;
+  is.pa += TK;
+  is.pb += int64_t(TK) * a.cout;
+}
+
+template <int TK, int P>
+__device__ __forceinline__ void mfma_stash(const MfmaPieces<P>& p, MfmaTile<TK>& b) {
+  const int tid = threadIdx.x, ar = tid / 4, akk = (tid % 4) * 8, bkk = tid / 8, bn = (tid % 8) * 8;
 #pragma unroll
-  for (int ks = 0; ks < BK; ks += 16) {
+  for (int j = 0; j < P; ++j) {
+    uint2* da = reinterpret_cast<uint2*>(&b.a[ar][akk + 32 * j]);
+    da[0] = make_uint2(p.a[j].x, p.a[j].y);
+    da[1] = make_uint2(p.a[j].z, p.a[j].w);
+    const uint32_t v[4] = {p.b[j].x, p.b[j].y, p.b[j].z, p.b[j].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // column bn + 2 i is the low half of v[i], bn + 2 i + 1 the high half
+      b.bt[bn + 2 * i][bkk + 32 * j] = static_cast<uint16_t>(v[i]);
+      b.bt[bn + 2 * i + 1][bkk + 32 * j] = static_cast<uint16_t>(v[i] >> 16);
+    }
+  }
+}
+
+// acc[f] += the wave's 16 rows x the 16 columns of fragment f, over the step's TK channels.
+template <typename T, int TK>
+__device__ __forceinline__ void mfma_multiply(const MfmaTile<TK>& b, int wave, int lr, int lq,
+                                              mfma_float4 (&acc)[4]) {
+#pragma unroll
+  for (int ks = 0; ks < TK; ks += 16) {
     const mfma_short4 av = *reinterpret_cast<const mfma_short4*>(&b.a[wave * 16 + lr][ks + 4 * lq]);
 #pragma unroll
     for (int f = 0; f < 4; ++f) {
@@ -128,20 +163,23 @@ __device__ __forceinline__ void mfma_multiply(const MfmaBuffer& b, int wave, int
   }
 }
 
-template <typename T, bool Vec>
+// The body for one K step shape and one kind of load (Vec: 16-byte vectors), so that the loop holds only those.
+template <typename T, typename Shape, bool Vec>
 __device__ __forceinline__ void forward_mfma_loop(const FwdArgs& a, TileState& st, MfmaShared& sm) {
+  constexpr int TK = Shape::kK, S = Shape::kStages;
   const int wave = threadIdx.x / 64, lane = threadIdx.x % 64, lr = lane % 16, lq = lane / 16;
   const int cin = static_cast<int>(a.cin);
   const unsigned int mask = tile_prologue(a, st);
+  typename Shape::Tile* tile = sm.tiles<Shape>();
   mfma_float4 acc[4];
   for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
   MfmaIssuer is;
   mfma_issuer_init(a, st, mask, is);
   if (is.off.k < a.k1) {  // (the same in every thread, as every count and branch below)
-    MfmaPieces p;
+    MfmaPieces<Shape::kPieces> p;
     mfma_fetch<Vec>(a, is, p);
-    mfma_stash(p, sm.buf[0]);
-    mfma_next_channels(a, is);
+    mfma_stash(p, tile[0]);
+    mfma_next_channels<TK>(a, is);
     __syncthreads();
     int b = 0;
     for (;;) {
@@ -151,19 +189,29 @@ __device__ __forceinline__ void forward_mfma_loop(const FwdArgs& a, TileState& s
         if (is.off.k >= a.k1) break;
       }
       // The steps whose loads stay in this offset: each fetches the next step before multiplying this one.
-      for (const int end = cin; is.c0 < end; b ^= 1) {
+      for (const int end = cin; is.c0 < end;) {
         mfma_fetch<Vec>(a, is, p);
-        mfma_next_channels(a, is);
-        mfma_multiply<T>(sm.buf[b], wave, lr, lq, acc);
-        mfma_stash(p, sm.buf[b ^ 1]);  // last read one step ago, before the barrier that ended that step
+        mfma_next_channels<TK>(a, is);
+        mfma_multiply<T>(tile[b], wave, lr, lq, acc);
+        if (S == 1) __syncthreads();  // one buffer: every wave has read it
+        b = S == 1 ? 0 : b ^ 1;
+        mfma_stash(p, tile[b]);  // two buffers: last read one step ago, before the barrier that ended that step
         __syncthreads();
       }
     }
-    mfma_multiply<T>(sm.buf[b], wave, lr, lq, acc);  // the last step
+    mfma_multiply<T>(tile[b], wave, lr, lq, acc);  // the last step
     __syncthreads();  // every wave is done with the buffers the epilogue's tile overlaps
   }
   mfma_store(acc, sm.c, wave, lr, lq);
   store_tile<T>(a, st, &sm.c[0][0], BN + 4);
+}
+
+template <typename T, bool Vec>
+__device__ __forceinline__ void forward_mfma_shape(const FwdArgs& a, TileState& st, MfmaShared& sm) {
+  if (mfma_deep_k(static_cast<int>(a.cin)))
+    forward_mfma_loop<T, MfmaDeep, Vec>(a, st, sm);
+  else
+    forward_mfma_loop<T, MfmaShallow, Vec>(a, st, sm);
 }
 
 template <typename T>
@@ -171,7 +219,7 @@ __device__ void forward_mfma(const FwdArgs& a) {
   __shared__ TileState st;
   __shared__ MfmaShared sm;
   if (a.vec)
-    forward_mfma_loop<T, true>(a, st, sm);
+    forward_mfma_shape<T, true>(a, st, sm);
   else
-    forward_mfma_loop<T, false>(a, st, sm);
+    forward_mfma_shape<T, false>(a, st, sm);
 }
