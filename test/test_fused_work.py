@@ -11,7 +11,7 @@ import torch
 import spconv.pytorch as spconv
 from spconv import _backend
 from spconv.benchmark import flops, fused_work, network, scenes
-from spconv.pytorch import _fused
+from spconv.pytorch import _fused, _native
 from support.sites import random_coords
 
 ops = torch.ops.spconv
@@ -132,7 +132,7 @@ def test_two_splits_on_the_gpu_code(two_splits, hip_cpu):
         nbr, masks, order = maps.cache["fused_dinput_s2"]
         assert torch.equal(nbr, maps.out_table.flip(1)) and masks.shape[0] == 2
         rev = hip_cpu.build_fused_map(maps.pair_out, maps.pair_in, maps.pair_offsets, maps.num_in, 2)
-        w = _fused_filters(layer)
+        w = _native.dense_filters(layer.weight.detach()).contiguous()
         dy = g.to(x.dtype)
         assert torch.equal(dx, hip_cpu.fused_conv(dy, w.transpose(1, 2).contiguous(), *rev))
     with _backend.gpu_code_on_cpu():
@@ -142,8 +142,3 @@ def test_two_splits_on_the_gpu_code(two_splits, hip_cpu):
     torch.testing.assert_close(out.features, ref_out.features, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(dx, ref_dx, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(dw, ref_dw, atol=1e-5, rtol=1e-5)
-
-
-def _fused_filters(layer):
-    from spconv.pytorch import _native
-    return _native.dense_filters(layer.weight.detach()).contiguous()

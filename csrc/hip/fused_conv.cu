@@ -641,8 +641,8 @@ __device__ void dfilter_wmma(const DfArgs& a) {
 #if defined(SPCONV_DEVICE_MFMA)
 // A step's gathered x rows and dy rows stored transposed (b.a[ci][p], b.bt[co][p]): dW tile = X^T DY is then
 // fused_conv_mfma.cuh's product, K = the step's BP pairs, each operand one 64-bit LDS read.
-__device__ __forceinline__ void df_stash_16bit_t(const DfArgs& a, const DfState& st, const DfTile& t, MfmaBuffer& b) {
-  static_assert(BP == BK, "a step's pairs fill the MFMA tile's K");
+__device__ __forceinline__ void df_stash_16bit_t(const DfArgs& a, const DfState& st, const DfTile& t,
+                                                 MfmaTile<BP>& b) {
   const uint16_t* x = static_cast<const uint16_t*>(a.x);
   const uint16_t* dy = static_cast<const uint16_t*>(a.dy);
   const int tid = threadIdx.x;
@@ -678,9 +678,9 @@ __device__ void dfilter_mfma(const DfArgs& a) {
   for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
   df_begin(a, t, st);
   for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {  // (df_next starts with a barrier: the last step is read)
-    df_stash_16bit_t(a, st, t, *sm.tiles<MfmaShape<BK, 1>>());
+    df_stash_16bit_t(a, st, t, sm.shallow[0]);
     __syncthreads();
-    mfma_multiply<T>(*sm.tiles<MfmaShape<BK, 1>>(), wave, lr, lq, acc);
+    mfma_multiply<T>(sm.shallow[0], wave, lr, lq, acc);
   }
   __syncthreads();  // every wave is done with the buffer the epilogue's tile overlaps
   mfma_store(acc, sm.c, wave, lr, lq);

@@ -33,18 +33,12 @@ struct MfmaShape {
 };
 using MfmaShallow = MfmaShape<32, 2>;
 using MfmaDeep = MfmaShape<64, 1>;
-using MfmaBuffer = MfmaTile<BK>;  // the dfilter body's tile: K = a step's BP == BK pairs
 
 union alignas(16) MfmaShared {  // one copy for both shapes (static shared memory adds up per function)
-  MfmaTile<32> shallow[2];
+  MfmaTile<32> shallow[2];      // also the dfilter body's tile (K = a step's BP pairs)
   MfmaTile<64> deep[1];
   float c[BM][BN + 4];  // the epilogue's tile, after the last step
-  template <typename Shape>
-  __device__ __forceinline__ typename Shape::Tile* tiles() {
-    return reinterpret_cast<typename Shape::Tile*>(this);
-  }
 };
-static_assert(sizeof(MfmaTile<32>) * 2 <= sizeof(MfmaShared) && sizeof(MfmaTile<64>) <= sizeof(MfmaShared), "");
 
 // The 64-channel step where it adds no padding to the 32-channel steps (an even count of them), or at most one
 // padding step to five or more (every cin > 96): the sm_80 body's rule.
@@ -67,16 +61,16 @@ struct MfmaIssuer {
   int32_t row, src;   // this thread's A row and its neighbour at off.k
   const uint16_t* pa; // x[src][c0 + akk] (meaningless without a neighbour)
   const uint16_t* pb; // w[off.k][c0 + bkk][col]
+  int64_t col;        // the first of the thread's B columns
   int akk, bkk;
   bool col_ok;        // col < cout
 };
 
 __device__ __forceinline__ void mfma_at_offset(const FwdArgs& a, MfmaIssuer& is) {
-  const int64_t col = int64_t(blockIdx.y) * BN + (threadIdx.x % 8) * 8;
   is.c0 = 0;
   is.src = (is.row >= 0 && is.off.k < a.k1) ? a.nbr[int64_t(is.row) * a.kvol + table_column(a, is.off.k)] : -1;
   is.pa = static_cast<const uint16_t*>(a.x) + int64_t(is.src >= 0 ? is.src : 0) * a.cin + is.akk;
-  is.pb = static_cast<const uint16_t*>(a.w) + (int64_t(is.off.k) * a.cin + is.bkk) * a.cout + col;
+  is.pb = static_cast<const uint16_t*>(a.w) + (int64_t(is.off.k) * a.cin + is.bkk) * a.cout + is.col;
 }
 
 __device__ __forceinline__ void mfma_issuer_init(const FwdArgs& a, const TileState& st, unsigned int mask,
@@ -84,7 +78,8 @@ __device__ __forceinline__ void mfma_issuer_init(const FwdArgs& a, const TileSta
   const int tid = threadIdx.x;
   is.akk = (tid % 4) * 8;
   is.bkk = tid / 8;
-  is.col_ok = int64_t(blockIdx.y) * BN + (tid % 8) * 8 < a.cout;
+  is.col = int64_t(blockIdx.y) * BN + (tid % 8) * 8;
+  is.col_ok = is.col < a.cout;
   is.row = st.rows[tid / 4];
   walk_group(a, mask, is.off, 0);
   mfma_at_offset(a, is);
@@ -107,7 +102,7 @@ __device__ __forceinline__ uint4 mfma_piece(const uint16_t* p, bool ok, int left
 template <bool Vec, int P>
 __device__ __forceinline__ void mfma_fetch(const FwdArgs& a, const MfmaIssuer& is, MfmaPieces<P>& p) {
   const int cin = static_cast<int>(a.cin);  // launch_forward refuses cin past int
-  const int cols = static_cast<int>(a.cout - (int64_t(blockIdx.y) * BN + (threadIdx.x % 8) * 8));
+  const int cols = static_cast<int>(a.cout - is.col);
 #pragma unroll
   for (int j = 0; j < P; ++j) {
     const int ca = is.c0 + is.akk + 32 * j, cb = is.c0 + is.bkk + 32 * j;
@@ -170,7 +165,11 @@ __device__ __forceinline__ void forward_mfma_loop(const FwdArgs& a, TileState& s
   const int wave = threadIdx.x / 64, lane = threadIdx.x % 64, lr = lane % 16, lq = lane / 16;
   const int cin = static_cast<int>(a.cin);
   const unsigned int mask = tile_prologue(a, st);
-  typename Shape::Tile* tile = sm.tiles<Shape>();
+  typename Shape::Tile* tile;
+  if constexpr (TK == 32)
+    tile = sm.shallow;
+  else
+    tile = sm.deep;
   mfma_float4 acc[4];
   for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
   MfmaIssuer is;

@@ -51,8 +51,10 @@ def table_work(nbr: torch.Tensor, masks: torch.Tensor, order: torch.Tensor) -> T
         k0, k1 = s * kvol // splits, (s + 1) * kvol // splits
         gs = max(1, (k1 - k0 + 31) // 32)
         pad = tiles * TILE_ROWS - rows
-        src = torch.cat([has[order[s].long(), k0:k1], has.new_zeros((pad, k1 - k0))])  # [tiles * TILE_ROWS, width]
-        m = torch.cat([masks[s, order[s].long()].long() & 0xFFFFFFFF, masks.new_zeros(pad, dtype=torch.long)]).view(tiles, TILE_ROWS)
+        seq = order[s].long()  # the split's rows in mask order, padded to whole tiles below
+        src = torch.cat([has[seq, k0:k1], has.new_zeros((pad, k1 - k0))])  # [tiles * TILE_ROWS, width]
+        m = torch.cat([masks[s, seq].long() & 0xFFFFFFFF, masks.new_zeros(pad, dtype=torch.long)])
+        m = m.view(tiles, TILE_ROWS)
         tile_mask = torch.zeros(tiles, dtype=torch.long)
         for r in range(TILE_ROWS):
             tile_mask |= m[:, r]
