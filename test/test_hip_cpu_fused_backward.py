@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import hip_cpu_library, thread_order
-from test_hip_cpu_ops import MAPS, TOL, fused_inputs, map_geometry, rel_err
+from test_gpu_code_ops import MAPS, TOL, fused_inputs, map_geometry, rel_err
 from test_fused_cpu import Maps
 
 pytestmark = pytest.mark.hip_cpu

@@ -53,8 +53,8 @@ _SUBM_OFFSET = """    unravel_offset(k, g.ksize, g.ndim, koff);
 _SUBM_MIRROR = "    if (mirrored && k != kvol - 1 - k) record_pair("
 _CONV_OFFSET = """      unravel_offset(k, g.ksize, g.ndim, koff);
       const bool ok ="""
-_FUSED_TESTS = ["test/test_hip_cpu_ops.py", "-k", "fused_forward_dinput_dfilter and f32"]
-_MAP_TESTS = ["test/test_hip_cpu_ops.py", "-k", "kernel_map_pairs"]
+_FUSED_TESTS = ["test/test_gpu_code_ops.py", "-k", "fused_forward_dinput_dfilter and f32"]
+_MAP_TESTS = ["test/test_gpu_code_ops.py", "-k", "kernel_map_pairs"]
 _CONV_MAP_TESTS = ["test/test_gpu_conv_map.py", "-k", "cpu_route"]
 _INT8_TESTS = ["test/test_hip_cpu_int8.py"]
 _SM80_DFILTER_TESTS = ["test/test_hip_cpu_variants.py", "-k", "sm80 and same_bits"]
@@ -70,7 +70,7 @@ MUTATIONS = [
              "for (int k = a.k0; k < a.k1 - 1; ++k) {", _FUSED_TESTS,
              why="SIMT forward (fused_forward_kernel's body): the last kernel offset of the split is skipped"),
     Mutation("dfilter_pairs_short", "csrc/hip/fused_conv.cu", "df_load_pairs(a, st, p0, t.pe);",
-             "df_load_pairs(a, st, p0, t.pe - 1);", ["test/test_hip_cpu_ops.py", "-k", "dfilter and f32"],
+             "df_load_pairs(a, st, p0, t.pe - 1);", ["test/test_gpu_code_ops.py", "-k", "dfilter and f32"],
              why="SIMT dfilter (dfilter_kernel's body): the last pair of each split is dropped"),
     Mutation("subm_offset_off_by_one", "csrc/hip/subm_map.cu", _SUBM_OFFSET,
              _SUBM_OFFSET.replace("koff);", "koff);\n    if (k == 0) koff[g.ndim - 1] -= 1;"), _MAP_TESTS,
@@ -90,7 +90,7 @@ MUTATIONS = [
              requires="csrc/hip/emu", variant="mfma",
              why="MFMA forward: the A operand load swaps the roles of lane % 16 and lane / 16 (a transposed sub-tile)"),
     Mutation("simt_skip_other_rows", "csrc/hip/fused_conv.cu", "rows_have_source(st, ty * 4, 4)",
-             "rows_have_source(st, (ty ^ 1) * 4, 4)", ["test/test_hip_cpu_ops.py", "-k", "fused"],
+             "rows_have_source(st, (ty ^ 1) * 4, 4)", ["test/test_gpu_code_ops.py", "-k", "fused"],
              why="SIMT forward: a thread skips an offset by another thread's rows (the skip of rows without a source)"),
     Mutation("wmma_skip_other_rows", "csrc/hip/fused_conv.cu", "rows_have_source(st, wm * 16, 16)",
              "rows_have_source(st, (wm ^ 1) * 16, 16)", ["test/test_hip_cpu_variants.py", "-k", "wmma"],
@@ -195,16 +195,16 @@ MUTATIONS = [
 
 # The tests that look at each kernel file's outputs (both thread orders where the file parametrizes them).
 KERNEL_TESTS = {
-    "fused_conv.cu": ["test/test_hip_cpu_ops.py", "test/test_hip_cpu_variants.py", "-k", "fused or same_bits"],
+    "fused_conv.cu": ["test/test_gpu_code_ops.py", "test/test_hip_cpu_variants.py", "-k", "fused or same_bits"],
     "quantized_conv.cu": ["test/test_hip_cpu_int8.py"],
     "grouped_conv.cu": ["test/test_hip_cpu_grouped.py"],
     "kernel_map.cu": ["test/test_gpu_conv_map.py"],
     "subm_map.cu": ["test/test_gpu_subm_map.py"],
-    "gather_scatter.cu": ["test/test_hip_cpu_ops.py", "test/test_hip_cpu_grouped.py", "-k",
+    "gather_scatter.cu": ["test/test_gpu_code_ops.py", "test/test_hip_cpu_grouped.py", "-k",
                           "native_route or routes_match_cpu"],  # the grouped native route scatter-adds
-    "hash_table_ops.cu": ["test/test_hip_cpu_ops.py", "-k", "hash_table"],
-    "point_to_voxel.cu": ["test/test_hip_cpu_ops.py", "-k", "point_to_voxel"],
-    "pool.cu": ["test/test_hip_cpu_ops.py", "test/test_pool_gpu_code.py", "-k", "pooling or pool_ops or hip_cpu"],
+    "hash_table_ops.cu": ["test/test_gpu_code_ops.py", "-k", "hash_table"],
+    "point_to_voxel.cu": ["test/test_gpu_code_ops.py", "-k", "point_to_voxel"],
+    "pool.cu": ["test/test_gpu_code_ops.py", "test/test_pool_gpu_code.py", "-k", "pooling or pool_ops or hip_cpu"],
 }
 # Code in this preprocessor branch is compiled only where the sm_80 bodies are (the emulated sm80 variant).
 _SM80_IF = "#if defined(SPCONV_FORWARD_SM80)"
