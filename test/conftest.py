@@ -117,8 +117,16 @@ def hip_cpu():
 
 @pytest.fixture(params=GPU_PLACES)
 def gpu_place(request):
-    """Where a test body runs the GPU code: the HIP CPU build, and a GPU when there is one (support/places.py)."""
-    return Place("hip_cpu", hip_cpu_library("simt")) if request.param == "hip_cpu" else Place("cuda")
+    """Where a test body runs the GPU code: the HIP CPU build, and a GPU when there is one (support/places.py).
+    A test that parametrizes it itself (places.per_place, places.on_places) may name "hip_cpu-ascending" or
+    "hip_cpu-descending": the HIP CPU build with each block's threads in that order (thread_order)."""
+    name, _, order = request.param.partition("-")
+    if name == "cuda":
+        yield Place("cuda")
+        return
+    place = Place("hip_cpu", hip_cpu_library("simt"))
+    with thread_order(order) if order else contextlib.nullcontext():
+        yield place
 
 
 # ---- markers: gpu (skipped without a GPU), hip_cpu (also every test that takes the hip_cpu fixture) ----

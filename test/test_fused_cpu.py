@@ -8,36 +8,15 @@ import torch.nn.functional as F
 
 import spconv._backend  # noqa: F401
 from spconv.pytorch import _fused, _route
-from support.sites import random_coords
+from support.conv_cases import Maps, map_geometry
 
 ops = torch.ops.spconv
-
-
-def map_geometry(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True, transpose=False, seed=0):
-    """Random indices and the get_indice_pairs arguments after them, for one conv geometry."""
-    nd = len(shape)
-    ks, st, pd, dl = ([v] * nd if isinstance(v, int) else list(v) for v in (ksize, stride, padding, dilation))
-    if subm:
-        out_shape = list(shape)
-    elif transpose:
-        out_shape = [(s - 1) * t - 2 * p + d * (k - 1) + 1 for s, k, t, p, d in zip(shape, ks, st, pd, dl)]
-    else:
-        out_shape = [(s + 2 * p - d * (k - 1) - 1) // t + 1 for s, k, t, p, d in zip(shape, ks, st, pd, dl)]
-    idx = random_coords(shape, batch, n, seed)
-    return idx, (batch, list(shape), out_shape, ks, st, pd, dl, subm, transpose)
 
 
 def make_map(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True, transpose=False, seed=0):
     idx, args = map_geometry(shape, batch, n, ksize, stride, padding, dilation, subm, transpose, seed)
     out_idx, pin, pout, poff, _, _ = ops.get_indice_pairs(idx, *args)
     return idx, out_idx, Maps(pin, pout, poff, idx.shape[0], out_idx.shape[0])
-
-
-class Maps:
-    def __init__(self, pair_in, pair_out, pair_offsets, num_in, num_out):
-        self.pair_in, self.pair_out, self.pair_offsets = pair_in, pair_out, pair_offsets
-        self.num_in, self.num_out = num_in, num_out
-        self.cache = {}
 
 
 CASES = {

@@ -6,9 +6,10 @@ tolerance; the tables' checks."""
 import pytest
 import torch
 
+from spconv.pytorch import _fused  # noqa: F401  (the ops' fake kernels, which opcheck runs)
+
 from conftest import hip_cpu_library, thread_order
-from test_gpu_code_ops import MAPS, TOL, fused_inputs, map_geometry, rel_err
-from test_fused_cpu import Maps
+from support.conv_cases import MAPS, TOL, Maps, fused_inputs, map_geometry, rel_err
 
 pytestmark = pytest.mark.hip_cpu
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import _TOOLS, hip_cpu_library, thread_order
-from test_gpu_code_ops import TOL, as_maps, fused_inputs, map_geometry, native_f64, rel_err
+from support.conv_cases import TOL, as_maps, fused_inputs, map_geometry, native_f64, rel_err
 
 sys.path.insert(0, _TOOLS)
 import hip_cpu_build  # noqa: E402
