@@ -12,7 +12,7 @@ import spconv.pytorch as spconv
 from spconv import constants
 from spconv.benchmark import scenes
 from test_end_to_end import UNet, _scene
-from test_hip_cpu_network import FP16_TOL, REAL_SCAN, basic_net, flat, rel, run
+from test_gpu_code_network import FP16_TOL, REAL_SCAN, basic_net, flat, rel, run
 
 pytestmark = pytest.mark.gpu  # skipped without a GPU (conftest)
 

@@ -86,7 +86,7 @@ MUTATIONS = [
              requires="csrc/hip/emu", variant="mfma", why="MFMA body: each lane reads its neighbour's row / column"),
     Mutation("mfma_a_lane_roles_swapped", "csrc/hip/fused_conv_mfma.cuh",
              "&b.a[wave * 16 + lr][ks + 4 * lq]", "&b.a[wave * 16 + 4 * lq][ks + lr]",
-             ["test/test_hip_cpu_variants.py", "test/test_hip_cpu_network.py", "-k", "mfma"],
+             ["test/test_hip_cpu_variants.py", "test/test_gpu_code_network.py", "-k", "mfma"],
              requires="csrc/hip/emu", variant="mfma",
              why="MFMA forward: the A operand load swaps the roles of lane % 16 and lane / 16 (a transposed sub-tile)"),
     Mutation("simt_skip_other_rows", "csrc/hip/fused_conv.cu", "rows_have_source(st, ty * 4, 4)",
