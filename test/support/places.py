@@ -17,13 +17,14 @@ GPU_PLACES = [
 # The HIP CPU build with each block's threads in ascending and in descending order (conftest.thread_order): a
 # barrier missing between two threads of a block changes some result in one of them. A GPU runs its own order.
 IN_BOTH_ORDERS = ("hip_cpu-ascending", "hip_cpu-descending", "cuda")
+_PARAMETER_SET = type(pytest.param())
 
 
-def place_param(place: str, *values, id=None):
+def place_param(place: str, *values, id=None, marks=()):
     """One parameter set of gpu_place ("hip_cpu", "hip_cpu-<thread order>" or "cuda") and the test's own values,
-    marked as the place is: hip_cpu, or gpu (skipped without a GPU)."""
+    marked as the place is (hip_cpu, or gpu: skipped without a GPU) and with ``marks``."""
     mark = pytest.mark.gpu if place == "cuda" else pytest.mark.hip_cpu
-    return pytest.param(place, *values, marks=mark, id=id)
+    return pytest.param(place, *values, marks=[mark, *marks], id=id)
 
 
 def on_places(places=IN_BOTH_ORDERS):
@@ -33,14 +34,20 @@ def on_places(places=IN_BOTH_ORDERS):
 
 def per_place(argnames: str, cases: dict, ids=None):
     """parametrize(gpu_place and ``argnames``), each place with its own values: ``cases`` maps a gpu_place
-    parameter to a list of values (a tuple each where argnames names several); a place left out runs none.
-    ``ids(*values)``: the id after the place's (None or "": the place's alone); pytest's own ids without it."""
+    parameter to a list of values (a tuple each where argnames names several, or a pytest.param with marks); a
+    place left out runs none. ``ids(*values)``: the id after the place's (None or "": the place's alone);
+    pytest's own ids without it."""
     names = [n.strip() for n in argnames.split(",") if n.strip()]
     params = []
     for place, values in cases.items():
         for v in values:
-            v = tuple(v) if len(names) > 1 else (v,)
-            params.append(place_param(place, *v, id=None if ids is None else "-".join(filter(None, [place, ids(*v)]))))
+            marks = ()
+            if isinstance(v, _PARAMETER_SET):
+                v, marks = v.values, v.marks
+            else:
+                v = tuple(v) if len(names) > 1 else (v,)
+            params.append(place_param(place, *v, marks=marks,
+                                      id=None if ids is None else "-".join(filter(None, [place, ids(*v)]))))
     return pytest.mark.parametrize(["gpu_place"] + names, params, indirect=["gpu_place"])
 
 
