@@ -56,7 +56,7 @@ _CONV_OFFSET = """      unravel_offset(k, g.ksize, g.ndim, koff);
 _FUSED_TESTS = ["test/test_gpu_code_ops.py", "-k", "fused_forward_dinput_dfilter and f32"]
 _MAP_TESTS = ["test/test_gpu_code_ops.py", "-k", "kernel_map_pairs"]
 _CONV_MAP_TESTS = ["test/test_gpu_conv_map.py", "-k", "cpu_route"]
-_INT8_TESTS = ["test/test_hip_cpu_int8.py"]
+_INT8_TESTS = ["test/test_gpu_code_int8.py"]
 _SM80_DFILTER_TESTS = ["test/test_hip_cpu_variants.py", "-k", "sm80 and same_bits"]
 
 MUTATIONS = [
@@ -155,12 +155,12 @@ MUTATIONS = [
              "body.step(As, Bs, a.k4 - kw < kWords ? static_cast<int>(a.k4 - kw) - 1 : kWords);", _INT8_TESTS,
              why="int8 conv: the last K step skips its final word (the input-channel tail)"),
     Mutation("int8_mfma_lane", "csrc/hip/quantized_conv.cu", "const int av = As[rb + lr][ks + lq];",
-             "const int av = As[rb + (lr + 1) % 16][ks + lq];", ["test/test_hip_cpu_int8.py", "-k", "mfma"],
+             "const int av = As[rb + (lr + 1) % 16][ks + lq];", ["test/test_gpu_code_int8.py", "-k", "mfma"],
              requires="csrc/hip/emu", variant="mfma", why="int8 MFMA body: each lane reads its neighbour's row"),
     Mutation("int8_mma_b_k_halves", "csrc/hip/quantized_conv.cu",
              "static_cast<uint32_t>(Bs[ks + t][c]), static_cast<uint32_t>(Bs[ks + 4 + t][c])",
              "static_cast<uint32_t>(Bs[ks + 4 + t][c]), static_cast<uint32_t>(Bs[ks + t][c])",
-             ["test/test_hip_cpu_int8.py", "-k", "wmma"], requires="csrc/hip/emu", variant="wmma",
+             ["test/test_gpu_code_int8.py", "-k", "wmma"], requires="csrc/hip/emu", variant="wmma",
              why="NVIDIA integer MMA body: the two K halves of the B fragment are swapped"),
     Mutation("sm80_wait_one_group_short", "csrc/hip/fused_conv_sm80.cuh", "tc::cp_async_wait_group<S - 2>();",
              "tc::cp_async_wait_group<S - 1>();", ["test/test_hip_cpu_variants.py", "-k", "sm80"],
@@ -196,7 +196,7 @@ MUTATIONS = [
 # The tests that look at each kernel file's outputs (both thread orders where the file parametrizes them).
 KERNEL_TESTS = {
     "fused_conv.cu": ["test/test_gpu_code_ops.py", "test/test_hip_cpu_variants.py", "-k", "fused or same_bits"],
-    "quantized_conv.cu": ["test/test_hip_cpu_int8.py"],
+    "quantized_conv.cu": ["test/test_gpu_code_int8.py"],
     "grouped_conv.cu": ["test/test_hip_cpu_grouped.py"],
     "kernel_map.cu": ["test/test_gpu_conv_map.py"],
     "subm_map.cu": ["test/test_gpu_subm_map.py"],
