@@ -197,10 +197,10 @@ MUTATIONS = [
 KERNEL_TESTS = {
     "fused_conv.cu": ["test/test_gpu_code_ops.py", "test/test_hip_cpu_variants.py", "-k", "fused or same_bits"],
     "quantized_conv.cu": ["test/test_gpu_code_int8.py"],
-    "grouped_conv.cu": ["test/test_hip_cpu_grouped.py"],
+    "grouped_conv.cu": ["test/test_gpu_code_grouped.py"],
     "kernel_map.cu": ["test/test_gpu_conv_map.py"],
     "subm_map.cu": ["test/test_gpu_subm_map.py"],
-    "gather_scatter.cu": ["test/test_gpu_code_ops.py", "test/test_hip_cpu_grouped.py", "-k",
+    "gather_scatter.cu": ["test/test_gpu_code_ops.py", "test/test_gpu_code_grouped.py", "-k",
                           "native_route or routes_match_cpu"],  # the grouped native route scatter-adds
     "hash_table_ops.cu": ["test/test_gpu_code_ops.py", "-k", "hash_table"],
     "point_to_voxel.cu": ["test/test_gpu_code_ops.py", "-k", "point_to_voxel"],
