@@ -55,7 +55,7 @@ _CONV_OFFSET = """      unravel_offset(k, g.ksize, g.ndim, koff);
       const bool ok ="""
 _FUSED_TESTS = ["test/test_gpu_code_ops.py", "-k", "fused_forward_dinput_dfilter and f32"]
 _MAP_TESTS = ["test/test_gpu_code_ops.py", "-k", "kernel_map_pairs"]
-_CONV_MAP_TESTS = ["test/test_gpu_conv_map.py", "-k", "cpu_route"]
+_CONV_MAP_TESTS = ["test/test_gpu_code_conv_map.py", "-k", "cpu_route"]
 _INT8_TESTS = ["test/test_gpu_code_int8.py"]
 _SM80_DFILTER_TESTS = ["test/test_hip_cpu_variants.py", "-k", "sm80 and same_bits"]
 
@@ -76,7 +76,7 @@ MUTATIONS = [
              _SUBM_OFFSET.replace("koff);", "koff);\n    if (k == 0) koff[g.ndim - 1] -= 1;"), _MAP_TESTS,
              why="SubM neighbours: the first kernel offset looks one cell short along the last axis"),
     Mutation("subm_mirror_dropped", "csrc/hip/subm_map.cu", _SUBM_MIRROR,
-             "    if (false && k != kvol - 1 - k) record_pair(", ["test/test_gpu_subm_map.py", "-k", "cpu_route"],
+             "    if (false && k != kvol - 1 - k) record_pair(", ["test/test_gpu_code_subm_map.py", "-k", "cpu_route"],
              why="SubM map: the hits of offsets 0..kvol/2 no longer give their mirrors (offsets past kvol/2 empty)"),
     Mutation("conv_offset_off_by_one", "csrc/hip/kernel_map.cu", _CONV_OFFSET,
              _CONV_OFFSET.replace("koff);", "koff);\n      if (k == 0) koff[0] += 1;"), _CONV_MAP_TESTS,
@@ -198,8 +198,8 @@ KERNEL_TESTS = {
     "fused_conv.cu": ["test/test_gpu_code_ops.py", "test/test_hip_cpu_variants.py", "-k", "fused or same_bits"],
     "quantized_conv.cu": ["test/test_gpu_code_int8.py"],
     "grouped_conv.cu": ["test/test_gpu_code_grouped.py"],
-    "kernel_map.cu": ["test/test_gpu_conv_map.py"],
-    "subm_map.cu": ["test/test_gpu_subm_map.py"],
+    "kernel_map.cu": ["test/test_gpu_code_conv_map.py"],
+    "subm_map.cu": ["test/test_gpu_code_subm_map.py"],
     "gather_scatter.cu": ["test/test_gpu_code_ops.py", "test/test_gpu_code_grouped.py", "-k",
                           "native_route or routes_match_cpu"],  # the grouped native route scatter-adds
     "hash_table_ops.cu": ["test/test_gpu_code_ops.py", "-k", "hash_table"],
