@@ -1,18 +1,16 @@
 """The GPU submanifold kernel map (subm_kernel_map: three kernels and a sort of the fused route's row masks, no
-host read) and its pairs (subm_map_pairs: the map's one host read, made when first needed), on the GPU code run
-on the CPU (HIP CPU build): the same pairs, per-offset order, tables, masks and order as the CPU route and the
-fused route's own table builder, bit for bit; the launch and host-wait budget of the build; the checks of the
-indices, made on the device and raised at the host read."""
+host read) and its pairs (subm_map_pairs: the map's one host read, made when first needed), wherever the GPU code
+runs (``gpu_place``: the HIP CPU build, and a GPU when there is one): the same pairs, per-offset order, tables,
+masks and order as the CPU route and the fused route's own table builder, bit for bit; the layers on both GPU
+routes against the CPU route; the checks of the indices, made on the device and raised at the host read. On the
+HIP CPU build alone: the launch and host-wait budget of the build (its launch ledger)."""
 import pytest
 import torch
 
 import spconv.pytorch as spconv
 from spconv import _backend, constants
-from support.sites import random_coords
 from support.launch_counts import count
-from support.sites import coords
-
-pytestmark = pytest.mark.hip_cpu
+from support.sites import coords, random_coords
 
 cpu = torch.ops.spconv
 
@@ -52,34 +50,36 @@ def kvol_of(ksize):
 
 
 @pytest.mark.parametrize("name", sorted(GEOMETRIES))
-def test_pairs_and_tables_equal_the_cpu_route(name, hip_cpu):
+def test_pairs_and_tables_equal_the_cpu_route(name, gpu_place):
     idx, (batch, shape, ksize, dil) = geometry(name)
     _, pin, pout, poff, info, _ = cpu_map(idx, batch, shape, ksize, dil)
     splits = min(1, kvol_of(ksize))
-    nbr, masks, order, offsets, status = hip_cpu.subm_kernel_map(idx, batch, shape, ksize, dil, splits)
-    assert torch.equal(offsets, poff)
-    got_in, got_out, got_info = hip_cpu.subm_map_pairs(idx, batch, shape, ksize, dil, nbr, offsets, status)
-    assert torch.equal(got_in, pin) and torch.equal(got_out, pout) and torch.equal(got_info, info)
+    ops, on, didx = gpu_place.ops, gpu_place.to, gpu_place.to(idx)
+    nbr, masks, order, offsets, status = ops.subm_kernel_map(didx, batch, shape, ksize, dil, splits)
+    assert torch.equal(offsets.cpu(), poff)
+    got_in, got_out, got_info = ops.subm_map_pairs(didx, batch, shape, ksize, dil, nbr, offsets, status)
+    assert torch.equal(got_in.cpu(), pin) and torch.equal(got_out.cpu(), pout) and torch.equal(got_info.cpu(), info)
     # The table and the fused route's masks and order: those of the fused route's builder over the CPU pairs.
-    ref_nbr, ref_masks, ref_order = hip_cpu.build_fused_map(pin, pout, poff, idx.shape[0], splits)
-    assert torch.equal(nbr, ref_nbr)
-    assert torch.equal(masks, ref_masks) and torch.equal(order, ref_order)
+    ref_nbr, ref_masks, ref_order = ops.build_fused_map(on(pin), on(pout), on(poff), idx.shape[0], splits)
+    assert torch.equal(nbr.cpu(), ref_nbr.cpu())
+    assert torch.equal(masks.cpu(), ref_masks.cpu()) and torch.equal(order.cpu(), ref_order.cpu())
     # get_indice_pairs (which runs the same kernels) gives the CPU route's results too.
     nd = len(shape)
-    res = hip_cpu.get_indice_pairs(idx, batch, shape, shape, ksize, [1] * nd, [0] * nd, dil, True, False)
+    res = ops.get_indice_pairs(didx, batch, shape, shape, ksize, [1] * nd, [0] * nd, dil, True, False)
     for a, b in zip(res, cpu_map(idx, batch, shape, ksize, dil)):
-        assert torch.equal(a, b)
+        assert torch.equal(a.cpu(), b)
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3, 4])
 @pytest.mark.parametrize("ksize", [[3, 3, 3], [5, 5, 5], [4, 4, 2]])
-def test_masks_of_every_split_count(ksize, splits, hip_cpu):
+def test_masks_of_every_split_count(ksize, splits, gpu_place):
     """Masks with bit 31 set (kvol 125 in one, two or four splits) sort as unsigned, like fused_map_masks'."""
     shape = [9, 9, 9]
-    idx = random_coords(shape, 2, 400, seed=splits)
-    nbr, masks, order, _, _ = hip_cpu.subm_kernel_map(idx, 2, shape, ksize, [1, 1, 1], splits)
-    ref_masks, ref_order = hip_cpu.fused_map_masks(nbr, splits)
-    assert torch.equal(masks, ref_masks) and torch.equal(order, ref_order)
+    idx = gpu_place.to(random_coords(shape, 2, 400, seed=splits))
+    nbr, masks, order, _, _ = gpu_place.ops.subm_kernel_map(idx, 2, shape, ksize, [1, 1, 1], splits)
+    ref_masks, ref_order = gpu_place.ops.fused_map_masks(nbr, splits)
+    masks = masks.cpu()
+    assert torch.equal(masks, ref_masks.cpu()) and torch.equal(order.cpu(), ref_order.cpu())
     kvol = kvol_of(ksize)
     for s in range(splits):  # a split whose last mask bit is 31: masks below 0 as int32, the unsigned order tested
         span = (s + 1) * kvol // splits - s * kvol // splits
@@ -87,7 +87,7 @@ def test_masks_of_every_split_count(ksize, splits, hip_cpu):
             assert bool((masks[s] < 0).any())
 
 
-def test_large_grid_64bit_keys(hip_cpu):
+def test_large_grid_64bit_keys(gpu_place):
     """batch x grid above 2^32: the packed keys need 64 bits."""
     shape = [3000, 3000, 1000]
     g = torch.Generator().manual_seed(3)
@@ -98,11 +98,14 @@ def test_large_grid_64bit_keys(hip_cpu):
     idx = idx[torch.randperm(idx.shape[0], generator=g)]
     _, pin, pout, poff, info, _ = cpu_map(idx, 3, shape, [3, 3, 3], [1, 1, 1])
     assert pin.numel() > idx.shape[0]  # neighbours were found
-    nbr, _, _, offsets, status = hip_cpu.subm_kernel_map(idx, 3, shape, [3, 3, 3], [1, 1, 1], 1)
-    got = hip_cpu.subm_map_pairs(idx, 3, shape, [3, 3, 3], [1, 1, 1], nbr, offsets, status)
+    didx = gpu_place.to(idx)
+    nbr, _, _, offsets, status = gpu_place.ops.subm_kernel_map(didx, 3, shape, [3, 3, 3], [1, 1, 1], 1)
+    got = [t.cpu() for t in gpu_place.ops.subm_map_pairs(didx, 3, shape, [3, 3, 3], [1, 1, 1], nbr, offsets, status)]
     assert torch.equal(got[0], pin) and torch.equal(got[1], pout) and torch.equal(got[2], info)
 
 
+# The launch and host-wait budgets count through the HIP CPU build's launch ledger (debug_launch_ledger): they
+# stay on the hip_cpu fixture.
 def test_build_budget_no_host_wait(hip_cpu):
     """subm_kernel_map: at most 6 launches (3 kernels + the masks' sort and its int32 order), no host read."""
     shape = [12, 11, 10]
@@ -146,7 +149,7 @@ def test_subm_layer_forward_without_host_wait(hip_cpu):
 
 
 @pytest.mark.parametrize("force_native", [False, True], ids=["fused", "native"])
-def test_subm_layer_forward_backward_equals_cpu(force_native, hip_cpu):
+def test_subm_layer_forward_backward_equals_cpu(force_native, gpu_place):
     shape = [12, 11, 10]
     idx = coords(shape, 2, 300, seed=7)
     torch.manual_seed(0)
@@ -154,19 +157,20 @@ def test_subm_layer_forward_backward_equals_cpu(force_native, hip_cpu):
                                   spconv.SubMConv3d(8, 8, 3, indice_key="s"))
     feats = torch.randn(idx.shape[0], 4)
 
-    def run():
-        f = feats.clone().requires_grad_(True)
-        y = net(spconv.SparseConvTensor(f, idx, shape, 2))
+    def run(device):
+        net.to(device)
+        f = feats.to(device).detach().requires_grad_(True)  # a leaf, also where .to() is a no-op
+        y = net(spconv.SparseConvTensor(f, idx.to(device), shape, 2))
         y.features.square().sum().backward()
-        return y.features.detach(), f.grad, [p.grad.clone() for p in net.parameters()]
+        return y.features.detach().cpu(), f.grad.cpu(), [p.grad.clone().cpu() for p in net.parameters()]
 
-    ref = run()
+    ref = run("cpu")
     net.zero_grad()
     old = constants.SPCONV_FORCE_NATIVE
     constants.SPCONV_FORCE_NATIVE = force_native
     try:
-        with _backend.gpu_code_on_cpu(hip_cpu.name):
-            got = run()
+        with gpu_place.active():
+            got = run(gpu_place.device)
     finally:
         constants.SPCONV_FORCE_NATIVE = old
     torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
@@ -180,58 +184,61 @@ def test_subm_layer_forward_backward_equals_cpu(force_native, hip_cpu):
     (3, 10, ["indices row 17", "spatial_shape"]),
     (0, 2, ["indices row 17", "batch index"]),
 ])
-def test_bad_coordinates_raise_at_the_host_read(column, value, words, hip_cpu):
+def test_bad_coordinates_raise_at_the_host_read(column, value, words, gpu_place):
     shape = [12, 11, 10]
     idx = coords(shape, 2, 200, seed=3)
     bad = idx.clone()
     bad[17, column] = value
     bad[40, column] = value
-    m = hip_cpu.subm_kernel_map(bad, 2, shape, [3, 3, 3], [1, 1, 1], 1)
+    bad = gpu_place.to(bad)
+    m = gpu_place.ops.subm_kernel_map(bad, 2, shape, [3, 3, 3], [1, 1, 1], 1)
     with pytest.raises(ValueError) as info:
-        hip_cpu.subm_map_pairs(bad, 2, shape, [3, 3, 3], [1, 1, 1], m[0], m[3], m[4])
+        gpu_place.ops.subm_map_pairs(bad, 2, shape, [3, 3, 3], [1, 1, 1], m[0], m[3], m[4])
     for w in words:
         assert w in str(info.value), (w, str(info.value))
     # The module on the native route reads the map at once: the same error.
-    with _backend.gpu_code_on_cpu(hip_cpu.name):
+    with gpu_place.active():
         old = constants.SPCONV_FORCE_NATIVE
         constants.SPCONV_FORCE_NATIVE = True
         try:
             with pytest.raises(ValueError, match="indices row 17"):
-                spconv.SubMConv3d(3, 4, 3)(spconv.SparseConvTensor(torch.randn(bad.shape[0], 3), bad, shape, 2))
+                conv = spconv.SubMConv3d(3, 4, 3).to(gpu_place.device)
+                conv(spconv.SparseConvTensor(gpu_place.to(torch.randn(bad.shape[0], 3)), bad, shape, 2))
         finally:
             constants.SPCONV_FORCE_NATIVE = old
 
 
-def test_duplicates_raise_at_the_host_read(hip_cpu):
+def test_duplicates_raise_at_the_host_read(gpu_place):
     shape = [12, 11, 10]
     idx = coords(shape, 2, 200, seed=3)
     dup = idx.clone()
     dup[25] = dup[9]
     dup[31] = dup[4]
-    m = hip_cpu.subm_kernel_map(dup, 2, shape, [3, 3, 3], [1, 1, 1], 1)
+    m = gpu_place.ops.subm_kernel_map(gpu_place.to(dup), 2, shape, [3, 3, 3], [1, 1, 1], 1)
     with pytest.raises(ValueError, match=r"indices row 25 repeats the coordinate"):
-        hip_cpu.subm_map_pairs(dup, 2, shape, [3, 3, 3], [1, 1, 1], m[0], m[3], m[4])
+        gpu_place.ops.subm_map_pairs(gpu_place.to(dup), 2, shape, [3, 3, 3], [1, 1, 1], m[0], m[3], m[4])
     with pytest.raises(ValueError, match=r"indices row 25 repeats the coordinate"):
         cpu_map(dup, 2, shape, [3, 3, 3], [1, 1, 1])
 
 
-def test_argument_errors_are_raised_at_once(hip_cpu):
+def test_argument_errors_are_raised_at_once(gpu_place):
     shape = [12, 11, 10]
-    idx = coords(shape, 2, 50, seed=3)
+    idx = gpu_place.to(coords(shape, 2, 50, seed=3))
+    ops = gpu_place.ops
     with pytest.raises(TypeError, match="indices"):
-        hip_cpu.subm_kernel_map(idx.long(), 2, shape, [3, 3, 3], [1, 1, 1], 1)
+        ops.subm_kernel_map(idx.long(), 2, shape, [3, 3, 3], [1, 1, 1], 1)
     with pytest.raises(ValueError, match="num_splits"):
-        hip_cpu.subm_kernel_map(idx, 2, shape, [3, 3, 3], [1, 1, 1], 5)
-    m = hip_cpu.subm_kernel_map(idx, 2, shape, [3, 3, 3], [1, 1, 1], 1)
+        ops.subm_kernel_map(idx, 2, shape, [3, 3, 3], [1, 1, 1], 5)
+    m = ops.subm_kernel_map(idx, 2, shape, [3, 3, 3], [1, 1, 1], 1)
     with pytest.raises(ValueError, match="subm_kernel_map's"):
-        hip_cpu.subm_map_pairs(idx, 2, shape, [3, 3, 3], [1, 1, 1], m[0][:-1], m[3], m[4])
+        ops.subm_map_pairs(idx, 2, shape, [3, 3, 3], [1, 1, 1], m[0][:-1], m[3], m[4])
 
 
-def test_deterministic(hip_cpu):
+def test_deterministic(gpu_place):
     shape = [20, 20, 20]
-    idx = coords(shape, 2, 1500, seed=11)
-    a = hip_cpu.subm_kernel_map(idx, 2, shape, [3, 3, 3], [1, 1, 1], 2)
+    idx = gpu_place.to(coords(shape, 2, 1500, seed=11))
+    a = gpu_place.ops.subm_kernel_map(idx, 2, shape, [3, 3, 3], [1, 1, 1], 2)
     for _ in range(2):
-        b = hip_cpu.subm_kernel_map(idx, 2, shape, [3, 3, 3], [1, 1, 1], 2)
+        b = gpu_place.ops.subm_kernel_map(idx, 2, shape, [3, 3, 3], [1, 1, 1], 2)
         for u, v in zip(a[:4], b[:4]):
             assert torch.equal(u, v)
