@@ -1,15 +1,14 @@
 """The GPU builder of regular, transposed and pooling kernel maps (get_indice_pairs with subm=False: four kernels, a
-sort, a scan and one host read; csrc/hip/kernel_map.cu), on the GPU code run on the CPU (HIP CPU build): every
-output of the CPU route bit for bit (output rows in first-seen order, pairs by offset then input row, the table,
-map_info), in both thread orders of a block; its launch and host-wait budget; the CPU route's errors."""
+sort, a scan and one host read; csrc/hip/kernel_map.cu), wherever the GPU code runs (``gpu_place``: the HIP CPU
+build, in both thread orders of a block, and a GPU when there is one): every output of the CPU route bit for bit
+(output rows in first-seen order, pairs by offset then input row, the table, map_info); the CPU route's errors.
+On the HIP CPU build alone: the launch and host-wait budget of the build (its launch ledger)."""
 import pytest
 import torch
 
-from conftest import THREAD_ORDERS, thread_order
-from _launch_counts import count
+from support.launch_counts import count
+from support.places import in_both_orders, per_place
 from support.sites import coords
-
-pytestmark = pytest.mark.hip_cpu
 
 cpu = torch.ops.spconv
 
@@ -49,23 +48,22 @@ def geometry(name):
 def assert_same_map(got, ref):
     names = ("out_indices", "pair_in", "pair_out", "pair_offsets", "map_info", "table")
     for name, a, b in zip(names, got, ref):
+        a = a.cpu()
         assert a.dtype == b.dtype and a.shape == b.shape, (name, a.shape, b.shape)
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("order", THREAD_ORDERS)
-@pytest.mark.parametrize("name", sorted(GEOMETRIES))
-def test_equal_to_the_cpu_route(name, order, hip_cpu):
+@per_place("name", in_both_orders(sorted(GEOMETRIES), sorted(GEOMETRIES)), ids=str)
+def test_equal_to_the_cpu_route(name, gpu_place):
     idx, args = geometry(name)
     ref = cpu.get_indice_pairs(idx, *args)
-    with thread_order(order):
-        got = hip_cpu.get_indice_pairs(idx, *args)
+    got = gpu_place.ops.get_indice_pairs(gpu_place.to(idx), *args)
     assert_same_map(got, ref)
     if GEOMETRIES[name][8]:
         assert not bool(ref[4][-1] & 1)  # repeated coordinates: map_info's repeat-free flag is clear
 
 
-def test_large_grid_64bit_keys(hip_cpu):
+def test_large_grid_64bit_keys(gpu_place):
     """batch x grid above 2^32: the input and output keys need 64 bits."""
     shape = [3000, 3000, 1000]
     g = torch.Generator().manual_seed(3)
@@ -78,16 +76,19 @@ def test_large_grid_64bit_keys(hip_cpu):
         args = (idx, 3, shape, out_shape, [3] * 3, [2] * 3, [1] * 3, [1] * 3, False, transpose)
         ref = cpu.get_indice_pairs(*args)
         assert ref[0].shape[0] > 0 and int(ref[0][:, 1:].max()) > 1000
-        assert_same_map(hip_cpu.get_indice_pairs(*args), ref)
+        assert_same_map(gpu_place.ops.get_indice_pairs(gpu_place.to(idx), *args[1:]), ref)
 
 
-def test_deterministic(hip_cpu):
+def test_deterministic(gpu_place):
     idx, args = geometry("2d_k3s1_dups")
-    first = hip_cpu.get_indice_pairs(idx, *args)
+    idx = gpu_place.to(idx)
+    first = [t.cpu() for t in gpu_place.ops.get_indice_pairs(idx, *args)]
     for _ in range(2):
-        assert_same_map(hip_cpu.get_indice_pairs(idx, *args), first)
+        assert_same_map(gpu_place.ops.get_indice_pairs(idx, *args), first)
 
 
+# The launch and host-wait budget counts through the HIP CPU build's launch ledger (debug_launch_ledger): it stays
+# on the hip_cpu fixture.
 @pytest.mark.parametrize("transpose", [False, True])
 def test_build_budget(transpose, hip_cpu):
     """Four kernels, at most 8 launches (with the sort and the scan; on a GPU also the one device->host copy),
@@ -108,7 +109,7 @@ def test_build_budget(transpose, hip_cpu):
     (3, 3, -1, "coordinate outside spatial_shape"),
     (0, 0, -5, "batch index outside"),
 ])
-def test_errors_of_the_cpu_route(row, col, value, what, hip_cpu):
+def test_errors_of_the_cpu_route(row, col, value, what, gpu_place):
     shape = [9, 8, 7]
     idx = coords(shape, 2, 60, seed=3)
     idx[row, col] = value
@@ -117,6 +118,6 @@ def test_errors_of_the_cpu_route(row, col, value, what, hip_cpu):
     with pytest.raises(ValueError) as ref:
         cpu.get_indice_pairs(*args)
     with pytest.raises(ValueError) as got:
-        hip_cpu.get_indice_pairs(*args)
+        gpu_place.ops.get_indice_pairs(gpu_place.to(idx), *args[1:])
     assert str(got.value).splitlines()[0] == str(ref.value).splitlines()[0]
     assert f"indices row {row} " in str(got.value) and what in str(got.value)
