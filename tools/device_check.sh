@@ -207,10 +207,13 @@ else
   [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ] && [ -f "$PEERS_JSON" ] && cp "$PEERS_JSON" "$OUT/"
 fi
 
-phase "GPU tests (test/test_gpu_*.py; the whole-network ones read \$SPCONV_REAL_SCAN when set)"
+# The GPU test files and the GPU cases of the files that run the GPU code on every place (their hip_cpu cases, the
+# HIP CPU build's, are CI's job). The whole-network ones read $SPCONV_REAL_SCAN when set.
+phase "GPU tests (test/test_gpu_*.py and test/test_pool_gpu_code.py, -m 'not hip_cpu')"
 T=$(limit 120)
 if [ "$T" = 0 ]; then RESULT[gpu_tests]="skipped (no time left)"; else
-timeout "$T" python3 -m pytest -q -p no:cacheprovider -rfE test/test_gpu_*.py >"$LOGDIR/gpu-tests.log" 2>&1
+timeout "$T" python3 -m pytest -q -p no:cacheprovider -rfE -m "not hip_cpu" test/test_gpu_*.py \
+  test/test_pool_gpu_code.py >"$LOGDIR/gpu-tests.log" 2>&1
 rc=$?
 tail -60 "$LOGDIR/gpu-tests.log"
 RESULT[gpu_tests]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
