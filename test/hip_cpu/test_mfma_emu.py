@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import hip_cpu_program, run_program
-from _tiles import exact_fp32_product, from_bits, random_bits, to_bits, within_fp32_rounding
+from support.tiles import exact_fp32_product, from_bits, random_bits, to_bits, within_fp32_rounding
 
 pytestmark = pytest.mark.hip_cpu
 

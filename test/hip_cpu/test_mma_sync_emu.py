@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import hip_cpu_program, run_program
-from _tiles import from_bits, random_bits, to_bits
+from support.tiles import from_bits, random_bits, to_bits
 
 pytestmark = pytest.mark.hip_cpu
 
