@@ -4,7 +4,7 @@ import ctypes
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests import support.* and each other
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests import support.* (never each other)
 # The launch counts profile thousands of calls; kineto would print two lines per profile.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 

@@ -2,24 +2,11 @@
 the switch (spconv.set_deterministic, torch.use_deterministic_algorithms) that reports it."""
 import pytest
 import torch
-from torch import nn
 
 import spconv
 import spconv.pytorch as spconv_pt
+from support.nets import mixed_layers_net
 from support.reference import random_sparse
-
-
-def _net(c_in, c, batch_norm=False):
-    # torch's own training-mode BatchNorm1d on the CPU reduces in a thread-count-dependent order, so it only
-    # takes part in the run-to-run comparison.
-    return spconv_pt.SparseSequential(
-        spconv_pt.SubMConv3d(c_in, c, 3, indice_key="s0"), nn.BatchNorm1d(c) if batch_norm else nn.Identity(),
-        nn.ReLU(),
-        spconv_pt.SparseConv3d(c, c, 3, 2, 1, indice_key="down"),
-        spconv_pt.SubMConv3d(c, c, 3, indice_key="s1"), spconv_pt.SubMConv3d(c, c, 1),
-        spconv_pt.SparseMaxPool3d(2, 2, indice_key="pool"), spconv_pt.SparseInverseConv3d(c, c, 2, indice_key="pool"),
-        spconv_pt.SparseInverseConv3d(c, c, 3, indice_key="down"),
-        spconv_pt.SparseConvTranspose3d(c, c_in, 3, 1, 1))
 
 
 def _run(net, x, threads):
@@ -57,7 +44,7 @@ def test_bitwise_across_runs_and_threads(case):
     p = CASES[case]
     x = random_sparse(3, p["shape"], p["batch"], p["c_in"], density=p["density"], dtype=p["dtype"], seed=1)
     torch.manual_seed(0)
-    net = _net(p["c_in"], p["c"]).to(p["dtype"])
+    net = mixed_layers_net(p["c_in"], p["c"]).to(p["dtype"])
     ref = _run(net, x, 1)
     # 3 and 8 threads (more than the cores) split rows and map passes into more tasks than 2 do.
     for threads in (2, 1, 3, 8):
@@ -87,7 +74,7 @@ def test_1x1_conv_bitwise_across_threads_and_matches_mm(c_in, c_out):
 def test_bitwise_across_runs_with_batch_norm():
     x = random_sparse(3, [16, 16, 8], 2, 3, density=0.3, seed=1)
     torch.manual_seed(0)
-    net = _net(3, 8, batch_norm=True)
+    net = mixed_layers_net(3, 8, batch_norm=True)
     ref = _run(net, x, 2)
     assert all(torch.equal(a, b) for a, b in zip(ref, _run(net, x, 2)))
 
@@ -113,7 +100,7 @@ def test_runs_under_torch_deterministic_algorithms():
     p = CASES["fp64"]
     x = random_sparse(3, p["shape"], 2, 3, density=0.3, dtype=torch.float64, seed=2)
     torch.manual_seed(0)
-    net = _net(3, 8, batch_norm=True).double()
+    net = mixed_layers_net(3, 8, batch_norm=True).double()
     ref = _run(net, x, 2)
     saved = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
@@ -130,7 +117,7 @@ def test_gpu_bitwise_across_runs(flag):
     x = random_sparse(3, [40, 40, 20], 2, 4, density=0.2, seed=1)
     x = spconv_pt.SparseConvTensor(x.features.cuda(), x.indices.cuda(), x.spatial_shape, 2)
     torch.manual_seed(0)
-    net = _net(4, 32, batch_norm=True).cuda()
+    net = mixed_layers_net(4, 32, batch_norm=True).cuda()
     spconv.set_deterministic(flag)  # every GPU route is deterministic either way
     try:
         ref = _run(net, x, 1)

@@ -4,17 +4,7 @@ import torch
 from torch import nn
 
 import spconv.pytorch as spconv
-
-
-def _block(cin, cout, kernel, indice_key, stride=1, padding=0, conv_type="subm"):
-    if conv_type == "subm":
-        conv = spconv.SubMConv3d(cin, cout, kernel, bias=False, indice_key=indice_key)
-    elif conv_type == "spconv":
-        conv = spconv.SparseConv3d(cin, cout, kernel, stride=stride, padding=padding, bias=False,
-                                   indice_key=indice_key)
-    else:
-        conv = spconv.SparseInverseConv3d(cin, cout, kernel, indice_key=indice_key, bias=False)
-    return spconv.SparseSequential(conv, nn.BatchNorm1d(cout, eps=1e-3, momentum=0.01), nn.ReLU())
+from support.nets import UNet, conv_bn_relu, lidar_scene
 
 
 class VoxelBackBone8x(nn.Module):
@@ -22,15 +12,15 @@ class VoxelBackBone8x(nn.Module):
 
     def __init__(self, cin, c=(8, 16, 24, 32, 48)):
         super().__init__()
-        self.conv_input = _block(cin, c[0], 3, "subm1")
-        self.conv1 = spconv.SparseSequential(_block(c[0], c[0], 3, "subm1"))
-        self.conv2 = spconv.SparseSequential(_block(c[0], c[1], 3, "spconv2", 2, 1, "spconv"),
-                                             _block(c[1], c[1], 3, "subm2"), _block(c[1], c[1], 3, "subm2"))
-        self.conv3 = spconv.SparseSequential(_block(c[1], c[2], 3, "spconv3", 2, 1, "spconv"),
-                                             _block(c[2], c[2], 3, "subm3"), _block(c[2], c[2], 3, "subm3"))
-        self.conv4 = spconv.SparseSequential(_block(c[2], c[3], 3, "spconv4", 2, (0, 1, 1), "spconv"),
-                                             _block(c[3], c[3], 3, "subm4"), _block(c[3], c[3], 3, "subm4"))
-        self.conv_out = _block(c[3], c[4], (3, 1, 1), "spconv_down2", (2, 1, 1), 0, "spconv")
+        self.conv_input = conv_bn_relu(cin, c[0], 3, "subm1")
+        self.conv1 = spconv.SparseSequential(conv_bn_relu(c[0], c[0], 3, "subm1"))
+        self.conv2 = spconv.SparseSequential(conv_bn_relu(c[0], c[1], 3, "spconv2", 2, 1, "spconv"),
+                                             conv_bn_relu(c[1], c[1], 3, "subm2"), conv_bn_relu(c[1], c[1], 3, "subm2"))
+        self.conv3 = spconv.SparseSequential(conv_bn_relu(c[1], c[2], 3, "spconv3", 2, 1, "spconv"),
+                                             conv_bn_relu(c[2], c[2], 3, "subm3"), conv_bn_relu(c[2], c[2], 3, "subm3"))
+        self.conv4 = spconv.SparseSequential(conv_bn_relu(c[2], c[3], 3, "spconv4", 2, (0, 1, 1), "spconv"),
+                                             conv_bn_relu(c[3], c[3], 3, "subm4"), conv_bn_relu(c[3], c[3], 3, "subm4"))
+        self.conv_out = conv_bn_relu(c[3], c[4], (3, 1, 1), "spconv_down2", (2, 1, 1), 0, "spconv")
 
     def forward(self, x):
         x = self.conv_input(x)
@@ -39,67 +29,6 @@ class VoxelBackBone8x(nn.Module):
         dense = x.dense()  # [B, C, D, H, W] -> BEV [B, C * D, H, W] (OpenPCDet's HeightCompression)
         b, c, d, h, w = dense.shape
         return dense.view(b, c * d, h, w)
-
-
-class UNet(nn.Module):
-    """SubM encoder, stride-2 SparseConv and max-pool downsampling, SparseInverseConv decoder with skips."""
-
-    def __init__(self, cin, ncls, c=8):
-        super().__init__()
-        self.stem = _block(cin, c, 3, "s0")
-        self.down1 = _block(c, 2 * c, 3, "down1", 2, 1, "spconv")
-        self.enc1 = _block(2 * c, 2 * c, 3, "s1")
-        self.pool = spconv.SparseMaxPool3d(2, 2, indice_key="pool2")
-        self.enc2 = _block(2 * c, 2 * c, 3, "s2")
-        self.unpool = _block(2 * c, 2 * c, 2, "pool2", conv_type="inverse")
-        self.join = spconv.JoinTable()
-        self.up1 = _block(4 * c, c, 3, "down1", conv_type="inverse")
-        self.add = spconv.AddTable()
-        self.head = spconv.SubMConv3d(c, ncls, 1, indice_key="s0")
-
-    def forward(self, x):
-        x0 = self.stem(x)
-        x1 = self.enc1(self.down1(x0))
-        x2 = self.enc2(self.pool(x1))
-        u1 = self.join([self.unpool(x2), x1])  # the inverse conv restores x1's rows in x1's order
-        u0 = self.add([self.up1(u1), x0])
-        return self.head(u0).features
-
-
-def _scene(seed, batch_size=2, shape=(41, 32, 32), n_objects=6):
-    """Ground plane plus box-shaped objects; per-voxel class (0 ground, 1 object) and a BEV object heatmap."""
-    g = torch.Generator().manual_seed(seed)
-    d, h, w = shape
-    idx, cls = [], []
-    heat = torch.zeros(batch_size, 1, h // 8, w // 8)
-    for b in range(batch_size):
-        ground = torch.randperm(h * w, generator=g)[: h * w // 3]
-        for flat in ground.tolist():
-            idx.append((b, 1, flat // w, flat % w))
-            cls.append(0)
-        for _ in range(n_objects):
-            y0, x0 = torch.randint(0, h - 4, (2,), generator=g).tolist()
-            height = int(torch.randint(4, 12, (1,), generator=g))
-            for z in range(2, 2 + height):
-                for y in range(y0, y0 + 4):
-                    for x in range(x0, x0 + 4):
-                        if torch.rand(1, generator=g) < 0.5:
-                            idx.append((b, z, y, x))
-                            cls.append(1)
-            heat[b, 0, (y0 + 2) // 8, (x0 + 2) // 8] = 1.0
-    idx_t = torch.tensor(idx, dtype=torch.int32)
-    keys = ((idx_t[:, 0].long() * d + idx_t[:, 1]) * h + idx_t[:, 2]) * w + idx_t[:, 3]
-    _, first = torch.unique(keys, return_inverse=True)
-    keep = torch.zeros(keys.numel(), dtype=torch.bool)
-    seen = set()
-    for i, k in enumerate(first.tolist()):
-        if k not in seen:
-            seen.add(k)
-            keep[i] = True
-    idx_t, cls_t = idx_t[keep], torch.tensor(cls)[keep]
-    feats = torch.cat([idx_t[:, 1:].float() / torch.tensor(shape, dtype=torch.float32),
-                       torch.rand(idx_t.shape[0], 1, generator=g)], 1)
-    return spconv.SparseConvTensor(feats, idx_t, list(shape), batch_size), cls_t, heat
 
 
 def _train(model, head, loss_fn, x, target, steps=8, lr=1e-2):
@@ -119,7 +48,7 @@ def _train(model, head, loss_fn, x, target, steps=8, lr=1e-2):
 
 def test_voxel_backbone8x_trains():
     torch.manual_seed(0)
-    x, _, heat = _scene(0)
+    x, _, heat = lidar_scene(0)
     backbone = VoxelBackBone8x(4)
     # spatial [41, 32, 32] -> conv_out [2, 4, 4]: BEV channels 48 * 2.
     head = nn.Conv2d(96, 1, 1)
@@ -131,7 +60,7 @@ def test_voxel_backbone8x_trains():
 
 def test_unet_with_inverse_conv_trains():
     torch.manual_seed(0)
-    x, cls, _ = _scene(1)
+    x, cls, _ = lidar_scene(1)
     model = UNet(4, 2)
     with torch.no_grad():
         assert model(x).shape == (x.indices.shape[0], 2)

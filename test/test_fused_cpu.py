@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import spconv._backend  # noqa: F401
 from spconv.pytorch import _fused, _route
-from support.conv_cases import Maps, map_geometry
+from support.conv_cases import FUSED_CPU_CASES, Maps, map_geometry, native_backward, sorted_pairs
 
 ops = torch.ops.spconv
 
@@ -17,19 +17,6 @@ def make_map(shape, batch, n, ksize, stride=1, padding=0, dilation=1, subm=True,
     idx, args = map_geometry(shape, batch, n, ksize, stride, padding, dilation, subm, transpose, seed)
     out_idx, pin, pout, poff, _, _ = ops.get_indice_pairs(idx, *args)
     return idx, out_idx, Maps(pin, pout, poff, idx.shape[0], out_idx.shape[0])
-
-
-CASES = {
-    "subm3": dict(shape=[6, 7, 5], batch=2, n=120, ksize=3),
-    "subm_dense": dict(shape=[4, 4, 4], batch=1, n=64, ksize=3),  # every site active
-    "subm_sparse": dict(shape=[30, 30, 30], batch=1, n=40, ksize=3),  # few neighbours
-    "subm5_kvol125": dict(shape=[8, 8, 8], batch=1, n=200, ksize=5),  # > 32 offsets: grouped mask bits
-    "subm_k12": dict(shape=[9, 9], batch=2, n=70, ksize=(1, 2)),  # kvol 2
-    "conv_s2": dict(shape=[9, 8, 7], batch=2, n=150, ksize=3, stride=2, padding=1, subm=False),
-    "conv_k2s2": dict(shape=[8, 8, 8], batch=1, n=100, ksize=2, stride=2, subm=False),
-    "deconv": dict(shape=[5, 4, 6], batch=1, n=40, ksize=3, stride=2, padding=1, subm=False, transpose=True),
-    "dilated": dict(shape=[10, 10, 10], batch=1, n=150, ksize=3, dilation=2),
-}
 
 
 def tables_to_pairs(nbr):
@@ -44,20 +31,10 @@ def tables_to_pairs(nbr):
     return torch.cat(pin), torch.cat(pout), torch.tensor(off)
 
 
-def sorted_pairs(pin, pout, poff):
-    """Pair sets per offset as sorted (out, in) keys: order-independent comparison."""
-    res = []
-    for k in range(poff.numel() - 1):
-        a, b = int(poff[k]), int(poff[k + 1])
-        key = pout[a:b].long() * (1 << 32) + pin[a:b].long()
-        res.append(torch.sort(key).values)
-    return res
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(FUSED_CPU_CASES))
 @pytest.mark.parametrize("splits", [1, 2, 3])
 def test_build_fused_map(case, splits):
-    _, _, m = make_map(**CASES[case])
+    _, _, m = make_map(**FUSED_CPU_CASES[case])
     kvol = m.pair_offsets.numel() - 1
     if splits > kvol:
         pytest.skip("more splits than offsets")
@@ -93,24 +70,13 @@ def native(features, filters, m):
     return out
 
 
-def native_backward(features, filters, dy, m):
-    dx = torch.zeros_like(features)
-    dw = torch.zeros_like(filters)
-    for k in range(filters.shape[0]):
-        a, b = int(m.pair_offsets[k]), int(m.pair_offsets[k + 1])
-        pin, pout = m.pair_in[a:b].long(), m.pair_out[a:b].long()
-        dx.index_add_(0, pin, dy[pout] @ filters[k].t())
-        dw[k] = features[pin].t() @ dy[pout]
-    return dx, dw
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(FUSED_CPU_CASES))
 @pytest.mark.parametrize("splits", [1, 2])
 @pytest.mark.parametrize("channels", [(3, 5), (16, 16), (8, 70)])
 def test_forward_dinput_dfilter_fp64(case, splits, channels):
     cin, cout = channels
-    _, _, m = make_map(**CASES[case])
+    _, _, m = make_map(**FUSED_CPU_CASES[case])
     kvol = m.pair_offsets.numel() - 1
     if splits > kvol:
         pytest.skip("more splits than offsets")
@@ -152,7 +118,7 @@ def test_subm_matches_dense_conv3d():
 @pytest.mark.parametrize("case", ["subm3", "conv_s2", "deconv", "subm5_kvol125"])
 def test_low_precision_against_fp32(dtype, case):
     cin, cout = 32, 48
-    _, _, m = make_map(**CASES[case])
+    _, _, m = make_map(**FUSED_CPU_CASES[case])
     kvol = m.pair_offsets.numel() - 1
     g = torch.Generator().manual_seed(4)
     x = torch.randn(m.num_in, cin, generator=g)
@@ -180,7 +146,7 @@ def test_low_precision_against_fp32(dtype, case):
 
 def test_masks_are_honoured():
     """A cleared mask bit skips the offset even when the table has a neighbour (as the GPU kernel does)."""
-    _, _, m = make_map(**CASES["subm3"])
+    _, _, m = make_map(**FUSED_CPU_CASES["subm3"])
     x = torch.randn(m.num_in, 4, dtype=torch.float64)
     w = torch.randn(27, 4, 4, dtype=torch.float64)
     nbr, masks, order = ops.build_fused_map(m.pair_in, m.pair_out, m.pair_offsets, m.num_out, 1)
@@ -207,7 +173,7 @@ def test_empty():
 
 
 def test_bad_arguments():
-    _, _, m = make_map(**CASES["subm3"])
+    _, _, m = make_map(**FUSED_CPU_CASES["subm3"])
     nbr, masks, order = ops.build_fused_map(m.pair_in, m.pair_out, m.pair_offsets, m.num_out, 1)
     x = torch.randn(m.num_in, 4)
     with pytest.raises(ValueError, match="filters"):
@@ -225,7 +191,7 @@ def test_bad_arguments():
 
 
 def test_opcheck():
-    _, _, m = make_map(**CASES["conv_s2"])
+    _, _, m = make_map(**FUSED_CPU_CASES["conv_s2"])
     x = torch.randn(m.num_in, 5)
     w = torch.randn(27, 5, 6)
     dy = torch.randn(m.num_out, 6)
@@ -237,11 +203,11 @@ def test_opcheck():
 
 @pytest.mark.parametrize("case", ["subm3", "conv_s2", "deconv"])
 def test_autograd_function(case):
-    _, _, m = make_map(**CASES[case])
+    _, _, m = make_map(**FUSED_CPU_CASES[case])
     kvol = m.pair_offsets.numel() - 1
     x = torch.randn(m.num_in, 3, dtype=torch.float64, requires_grad=True)
     w = torch.randn(kvol, 3, 4, dtype=torch.float64, requires_grad=True)
-    small = make_map(**dict(CASES[case], n=12))[2]
+    small = make_map(**dict(FUSED_CPU_CASES[case], n=12))[2]
     xs = torch.randn(small.num_in, 2, dtype=torch.float64, requires_grad=True)
     ws = torch.randn(kvol, 2, 3, dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(lambda a, b: _route.fused_conv_unchecked(a, b, small, 2), (xs, ws), fast_mode=True)
@@ -260,7 +226,7 @@ def test_autograd_function(case):
 
 
 def test_fused_conv_policy_on_cpu():
-    _, _, m = make_map(**CASES["subm3"])
+    _, _, m = make_map(**FUSED_CPU_CASES["subm3"])
     x = torch.randn(m.num_in, 4)
     w = torch.randn(27, 4, 4)
     assert _route.fused_conv(x, w, m, m.num_out) is None  # CPU tensors never take the fused route
@@ -271,7 +237,7 @@ def test_fused_conv_policy_on_cpu():
 
 
 def test_compile_traces_fused_ops():
-    _, _, m = make_map(**CASES["subm3"])
+    _, _, m = make_map(**FUSED_CPU_CASES["subm3"])
     x = torch.randn(m.num_in, 4)
     w = torch.randn(27, 4, 4)
 

@@ -11,9 +11,9 @@ import torch
 from spconv import _backend
 from conftest import hip_cpu_library
 from support.int8_reference import int8_conv_reference, random_table
+from support.launch_counts import SYNCING_OPS
 from support.places import Place, per_place
 from support.sites import coords
-from test_hip_cpu_host_syncs import SYNCING_OPS
 
 cpu = torch.ops.spconv
 

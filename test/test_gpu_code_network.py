@@ -19,8 +19,8 @@ from spconv.benchmark import scenes
 from spconv.benchmark.network import build_basic_net
 from spconv.pytorch.utils import PointToVoxel
 from conftest import hip_cpu_library
+from support.nets import UNet, lidar_scene
 from support.places import per_place
-from test_end_to_end import UNet, _scene
 
 REAL_SCAN = os.environ.get("SPCONV_REAL_SCAN", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
                                                           "lidar-voxels-125k.npz"))
@@ -129,7 +129,7 @@ def unit_gain(net, x):
 
 def small_unet():
     torch.manual_seed(0)
-    x, _, _ = _scene(1, batch_size=1, shape=(17, 16, 16), n_objects=3)
+    x, _, _ = lidar_scene(1, batch_size=1, shape=(17, 16, 16), n_objects=3)
     return UNet(4, 3).eval(), x  # BatchNorm with running statistics: the same affine map on every route
 
 
@@ -156,7 +156,7 @@ def scene(place, name):
             net, x = small_unet()
         elif name == "unet":
             torch.manual_seed(0)
-            x, _, _ = _scene(1, batch_size=2, shape=(41, 64, 64), n_objects=8)
+            x, _, _ = lidar_scene(1, batch_size=2, shape=(41, 64, 64), n_objects=8)
             net = UNet(4, 3).eval()  # running statistics: the same affine map on both devices
         else:  # basic_scan, basic_scan_avg
             x = whole_scan()

@@ -12,9 +12,9 @@ import torch
 import spconv.pytorch as spconv
 from spconv import _backend, constants
 from spconv.pytorch import _route
-from support.conv_cases import MAPS, TOL, Maps, as_maps, fused_inputs, map_geometry, native_f64, rel_err
+from support.conv_cases import (FUSED_CPU_CASES, MAPS, TOL, Maps, as_maps, fused_inputs, map_geometry, native_backward,
+                                native_f64, rel_err, sorted_pairs)
 from support.places import in_both_orders, on_places, per_place
-from test_fused_cpu import CASES as FUSED_CPU_CASES, native_backward, sorted_pairs
 
 cpu = torch.ops.spconv
 

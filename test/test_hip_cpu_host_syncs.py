@@ -10,15 +10,11 @@ from torch import nn
 
 import spconv.pytorch as spconv
 from spconv import _backend, constants
+from support.launch_counts import SYNCING_OPS
 from support.sites import coords
 
 pytestmark = pytest.mark.hip_cpu
 
-# ATen ops that wait for the GPU (a result size or value read on the host). aten::_local_scalar_dense is every
-# .item() / int(t) / bool(t).
-SYNCING_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique",
-               "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::bincount",
-               "aten::repeat_interleave", "aten::is_nonzero", "aten::equal", "aten::allclose"}
 SHAPE = [12, 11, 10]
 
 

@@ -1,12 +1,17 @@
 """spconv 2.x's documented PTQ workflow, the converted model run through the GPU code (HIP kernels and glue on
 the HIP CPU runtime): the same int8 bits as the CPU route, with at most one device->host copy per kernel map."""
+import warnings
+
 import pytest
 import torch
 
 from spconv import _backend
 from spconv.benchmark.routes import forced_native
 from spconv.benchmark.quant_models import FusibleBlock, VoxelBackBone8x, ptq, random_scene, train_a_little
-from test_quantization import trained_residual_net
+from support.nets import trained_residual_net
+
+warnings.filterwarnings("ignore", message=".*quantiz.*")
+warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 pytestmark = pytest.mark.hip_cpu
 

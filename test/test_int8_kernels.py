@@ -11,22 +11,11 @@ import torch
 import spconv.pytorch  # noqa: F401  (loads the op library and the ops' fake kernels)
 from spconv import _backend
 from spconv.pytorch.ops import get_conv_output_size
+from support.int8_cases import SHAPES, int8_operands, special_operands
 from support.int8_reference import int8_conv_reference, random_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = torch.ops.spconv
-
-
-def _inputs(cin, cout, kvol, rounds, num_in=150, num_out=130, bias=True, residual=True, seed=0, fill=0.4):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(-128, 128, (num_in, cin), dtype=torch.int8, generator=g)
-    w = torch.randint(-128, 128, (kvol, cin, cout), dtype=torch.int8, generator=g)
-    nbr = random_table(num_in, num_out, kvol, rounds, fill=fill, generator=g)
-    # outputs spread over the int8 range: about one unit per sqrt(products) of the sum's spread
-    scale = (torch.rand(cout, generator=g) + 0.5) / (64.0 * max(1.0, (cin * kvol * rounds * fill) ** 0.5) * 40)
-    b = torch.randn(cout, generator=g) * 20 if bias else None
-    res = torch.randint(-128, 128, (num_out, cout), dtype=torch.int8, generator=g) if residual else None
-    return x, w, nbr, scale, b, res
 
 
 def _both(x, w, nbr, scale, bias, res, rs=0.37, act=0, alpha=0.1, map_info=None):
@@ -35,18 +24,12 @@ def _both(x, w, nbr, scale, bias, res, rs=0.37, act=0, alpha=0.1, map_info=None)
     return y, ref
 
 
-CHANNELS = [1, 3, 4, 16, 17, 32, 64, 96, 128, 256]
-# (cin, cout, kvol, rounds): every channel count on both sides, every kernel volume, one and two rounds
-SHAPES = [(c, CHANNELS[(i + 3) % len(CHANNELS)], (1, 8, 27)[i % 3], 1 + i % 2) for i, c in enumerate(CHANNELS)]
-SHAPES += [(c, c, 27, 1) for c in (16, 64, 128)] + [(5, 80, 27, 2), (256, 256, 8, 2), (64, 1, 27, 1)]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("cin,cout,kvol,rounds", SHAPES, ids=lambda v: str(v))
 def test_matches_reference(cin, cout, kvol, rounds):
     nonzero = 0
     for act, bias, residual in [(0, False, False), (1, True, False), (2, True, True), (0, False, True)]:
-        x, w, nbr, scale, b, res = _inputs(cin, cout, kvol, rounds, bias=bias, residual=residual, seed=cin + act)
+        x, w, nbr, scale, b, res = int8_operands(cin, cout, kvol, rounds, bias=bias, residual=residual, seed=cin + act)
         y, ref = _both(x, w, nbr, scale, b, res, act=act)
         assert y.dtype == torch.int8 and y.shape == (nbr.shape[0], cout)
         assert torch.equal(y, ref), (act, bias, residual, int((y.int() - ref.int()).abs().max()))
@@ -57,7 +40,7 @@ def test_matches_reference(cin, cout, kvol, rounds):
 def test_many_columns():
     """Tables much wider than the kernel volume (many rounds of duplicate rows): the columns go in chunks."""
     for cin, kvol, rounds in [(1, 27, 150), (3, 1, 700)]:
-        x, w, nbr, scale, b, res = _inputs(cin, 5, kvol, rounds, num_in=50, num_out=40, seed=rounds)
+        x, w, nbr, scale, b, res = int8_operands(cin, 5, kvol, rounds, num_in=50, num_out=40, seed=rounds)
         y, ref = _both(x, w, nbr, scale, b, res, act=1)
         assert torch.equal(y, ref), (cin, kvol, rounds)
 
@@ -90,16 +73,8 @@ def test_extreme_values_at_the_int32_bound():
         OPS.quantized_conv(x, w, torch.zeros(1, 27 * 19, dtype=torch.int32), scale, None, None, 0.0, 0, 0.0)
 
 
-def _special_inputs():
-    """Scales and biases at the float edges: inf, -inf, NaN, huge, denormal (NaN outputs become 0)."""
-    x, w, nbr, _, _, res = _inputs(8, 16, 8, 1, num_in=40, num_out=30, seed=7)
-    scale = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e30, 1e-40, 0.0, -0.0, 1e-3] * 2)
-    bias = torch.tensor([0.0, 1.0, 2.0, -1e30, float("nan"), float("inf"), 0.5, -0.5] * 2)
-    return x, w, nbr, scale, bias, res
-
-
 def test_special_float_values():
-    x, w, nbr, scale, bias, res = _special_inputs()
+    x, w, nbr, scale, bias, res = special_operands()
     for act, alpha in [(0, 0.0), (1, 0.0), (2, float("nan")), (2, -2.0)]:
         y, ref = _both(x, w, nbr, scale, bias, res, act=act, alpha=alpha)
         assert torch.equal(y, ref), act
@@ -108,7 +83,7 @@ def test_special_float_values():
 def test_empty_sizes():
     for num_in, num_out, cin, cout in [(0, 7, 16, 16), (10, 0, 16, 16), (0, 0, 3, 5), (10, 7, 0, 16),
                                        (10, 7, 16, 0)]:
-        x, w, nbr, scale, b, res = _inputs(cin, cout, 27, 1, num_in=num_in, num_out=num_out)
+        x, w, nbr, scale, b, res = int8_operands(cin, cout, 27, 1, num_in=num_in, num_out=num_out)
         y, ref = _both(x, w, nbr, scale, b, res, act=1)
         assert y.shape == (num_out, cout) and torch.equal(y, ref), (num_in, num_out, cin, cout)
 
@@ -121,7 +96,7 @@ def test_real_map_with_map_info():
     _, pin, pout, poff, info, table = OPS.get_indice_pairs(idx, 1, shape, shape, [3] * 3, [1] * 3, [1] * 3, [1] * 3,
                                                            True, False)
     assert table.shape == (len(idx), 27)
-    x, w, _, scale, b, res = _inputs(32, 48, 27, 1, num_in=len(idx), num_out=len(idx))
+    x, w, _, scale, b, res = int8_operands(32, 48, 27, 1, num_in=len(idx), num_out=len(idx))
     y, ref = _both(x, w, table, scale, b, res, act=2, map_info=info)
     assert torch.equal(y, ref)
     assert torch.equal(y, OPS.quantized_conv(x, w, table, scale, b, res, 0.37, 2, 0.1))  # without map_info
@@ -132,7 +107,7 @@ def test_real_map_with_map_info():
 
 
 def test_thread_counts_give_the_same_bits():
-    x, w, nbr, scale, b, res = _inputs(64, 64, 27, 1, num_in=3000, num_out=2500, fill=0.3)
+    x, w, nbr, scale, b, res = int8_operands(64, 64, 27, 1, num_in=3000, num_out=2500, fill=0.3)
     saved = torch.get_num_threads()
     try:
         outs = []
@@ -157,15 +132,14 @@ import sys
 import torch
 import spconv  # noqa: F401
 sys.path.insert(0, "test")
-from test_int8_kernels import _inputs, SHAPES
+from support.int8_cases import SHAPES, int8_operands, special_operands
 ops = torch.ops.spconv
 out = {"path": ops.quantized_conv_path(torch.zeros(1, 1, dtype=torch.int8))}
 for i, (cin, cout, kvol, rounds) in enumerate(SHAPES):
-    x, w, nbr, scale, b, res = _inputs(cin, cout, kvol, rounds, seed=100 + i)
+    x, w, nbr, scale, b, res = int8_operands(cin, cout, kvol, rounds, seed=100 + i)
     out[(cin, cout, kvol, rounds)] = ops.quantized_conv(x, w, nbr, scale, b, res, 0.37, i % 3, 0.1)
-from test_int8_kernels import _special_inputs
-out["special"] = ops.quantized_conv(*_special_inputs(), 0.37, 2, -2.0)
-x, w, nbr, scale, b, res = _inputs(64, 96, 27, 1, num_in=3000, num_out=2500, fill=0.3)
+out["special"] = ops.quantized_conv(*special_operands(), 0.37, 2, -2.0)
+x, w, nbr, scale, b, res = int8_operands(64, 96, 27, 1, num_in=3000, num_out=2500, fill=0.3)
 for n in (1, 2):
     torch.set_num_threads(n)
     out["threads%d" % n] = ops.quantized_conv(x, w, nbr, scale, b, res, 0.37, 2, 0.1)
@@ -200,18 +174,18 @@ def test_every_isa_body_matches_the_reference(isa, tmp_path):
         expect = "avx512_vnni" if isa == "avx512" and vnni else "avx2" if has_avx2 else "generic"
         assert out["path"] == expect, (isa, out["path"])
     for i, shape in enumerate(SHAPES):
-        x, w, nbr, scale, b, res = _inputs(*shape, seed=100 + i)
+        x, w, nbr, scale, b, res = int8_operands(*shape, seed=100 + i)
         ref = int8_conv_reference(x, w, nbr, scale, b, res, 0.37, i % 3, 0.1)
         assert torch.equal(out[shape], ref), (isa, shape)
-    assert torch.equal(out["special"], int8_conv_reference(*_special_inputs(), 0.37, 2, -2.0))
-    x, w, nbr, scale, b, res = _inputs(64, 96, 27, 1, num_in=3000, num_out=2500, fill=0.3)
+    assert torch.equal(out["special"], int8_conv_reference(*special_operands(), 0.37, 2, -2.0))
+    x, w, nbr, scale, b, res = int8_operands(64, 96, 27, 1, num_in=3000, num_out=2500, fill=0.3)
     assert torch.equal(out["threads1"], out["threads2"])
     assert torch.equal(out["threads1"], int8_conv_reference(x, w, nbr, scale, b, res, 0.37, 2, 0.1))
 
 
 # ---- bad arguments: exceptions naming the argument, never a crash ----
 def _call(**kw):
-    x, w, nbr, scale, b, res = _inputs(8, 16, 27, 1, num_in=20, num_out=10)
+    x, w, nbr, scale, b, res = int8_operands(8, 16, 27, 1, num_in=20, num_out=10)
     args = dict(features=x, filters=w, nbr=nbr, scale=scale, bias=b, residual=res, residual_scale=0.5,
                 activation=0, alpha=0.0, map_info=None)
     args.update(kw)
@@ -243,7 +217,7 @@ def test_bad_arguments(kw, exc, match):
 
 
 def test_noncontiguous_inputs():
-    x, w, nbr, scale, b, res = _inputs(16, 32, 8, 1)
+    x, w, nbr, scale, b, res = int8_operands(16, 32, 8, 1)
     xt = x.t().contiguous().t()
     wt = w.transpose(1, 2).contiguous().transpose(1, 2)
     nt = nbr.t().contiguous().t()

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import spconv.pytorch as spconv_pt
+from support.nets import mixed_layers_net
 from support.reference import random_sparse
-from test_determinism import _net
 
 REGIONS, WAITED, STARTED_ALONE, FINISHED_ALONE, BUDGET_NS = range(5)
 
@@ -54,7 +54,7 @@ def _run(net, x, budget_ns):
 def test_bitwise_when_regions_start_on_the_caller(budget_ns, dtype):
     x = random_sparse(3, [64, 64, 32], 2, 16, density=0.2, dtype=dtype, seed=1)
     torch.manual_seed(0)
-    net = _net(16, 32).to(dtype)
+    net = mixed_layers_net(16, 32).to(dtype)
     ref = _run(net, x, 0)
     before = _info()
     got = _run(net, x, budget_ns)

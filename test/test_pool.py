@@ -1,38 +1,16 @@
 """Sparse pooling against dense PyTorch on the densified tensor: forward and dinput."""
-import itertools
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import spconv.pytorch as spconv
 from spconv.pytorch.pool import SparseMaxPool
+from support.pool_cases import DENSE_CASES, DENSE_SHAPES, case_id, dense_window_sum
 from support.surface import gather_sites, make_sparse, occupancy, with_features
 
 _MAXPOOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
-_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _MAX_LAYER = {1: spconv.SparseMaxPool1d, 2: spconv.SparseMaxPool2d, 3: spconv.SparseMaxPool3d}
 _AVG_LAYER = {1: spconv.SparseAvgPool1d, 2: spconv.SparseAvgPool2d, 3: spconv.SparseAvgPool3d}
-_SHAPE = {1: [13], 2: [9, 8], 3: [7, 6, 5]}
-
-
-def _cases():
-    out = []
-    for nd, k, s, p, d in itertools.product((1, 2, 3), (2, 3), (1, 2, 3), (0, 1), (1, 2)):
-        # torch's pooling needs padding <= kernel_size / 2 (so no window lies wholly in the padding).
-        if 2 * p > k:
-            continue
-        if any((n + 2 * p - d * (k - 1) - 1) // s + 1 <= 0 for n in _SHAPE[nd]):
-            continue
-        out.append((nd, k, s, p, d))
-    return out
-
-
-CASES = _cases()
-
-
-def _ids(c):
-    return "nd{}_k{}_s{}_p{}_d{}".format(*c)
 
 
 def _sparse_and_dense_grads(layer, x, upstream_seed=1):
@@ -46,11 +24,11 @@ def _sparse_and_dense_grads(layer, x, upstream_seed=1):
     return yd.detach(), feats.grad, g
 
 
-@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("case", DENSE_CASES, ids=case_id)
 def test_max_pool_matches_dense(case):
     """Positive features: the sparse pool densified equals F.max_pool on the densified input."""
     nd, k, s, p, d = case
-    x = make_sparse(_SHAPE[nd], 2, 3, n=40, seed=sum(case), positive=True)
+    x = make_sparse(DENSE_SHAPES[nd], 2, 3, n=40, seed=sum(case), positive=True)
     layer = _MAX_LAYER[nd](k, s, p, d)
     yd, dx, g = _sparse_and_dense_grads(layer, x)
     xd = x.dense().clone().requires_grad_(True)
@@ -60,11 +38,11 @@ def test_max_pool_matches_dense(case):
     torch.testing.assert_close(dx, gather_sites(xd.grad, x.indices), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] in (2, 3)][::3], ids=_ids)
+@pytest.mark.parametrize("case", [c for c in DENSE_CASES if c[0] in (2, 3)][::3], ids=case_id)
 def test_max_pool_clamps_at_zero(case):
     """Mixed signs: output = max(0, max of the active inputs), gradient only through positive maxima."""
     nd, k, s, p, d = case
-    x = make_sparse(_SHAPE[nd], 2, 4, n=30, seed=sum(case) + 7)
+    x = make_sparse(DENSE_SHAPES[nd], 2, 4, n=30, seed=sum(case) + 7)
     layer = _MAX_LAYER[nd](k, s, p, d)
     yd, dx, g = _sparse_and_dense_grads(layer, x)
     xd = x.dense().clone().requires_grad_(True)
@@ -76,24 +54,16 @@ def test_max_pool_clamps_at_zero(case):
     torch.testing.assert_close(dx, gather_sites(xd.grad, x.indices), atol=1e-4, rtol=1e-4)
 
 
-def _dense_window_sum(t, k, s, p, d):
-    """Sum over every window (zero padding), channel by channel, as a grouped conv with a ones kernel."""
-    nd = t.dim() - 2
-    c = t.shape[1]
-    ones = torch.ones((c, 1) + (k,) * nd, dtype=t.dtype)
-    return _CONV[nd](t, ones, stride=s, padding=p, dilation=d, groups=c)
-
-
-@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("case", DENSE_CASES, ids=case_id)
 def test_avg_pool_matches_dense_mean_of_active(case):
     """Avg pool = window sum / number of active sites in the window (spconv divides by the active count)."""
     nd, k, s, p, d = case
-    x = make_sparse(_SHAPE[nd], 2, 3, n=40, seed=sum(case) + 3)
+    x = make_sparse(DENSE_SHAPES[nd], 2, 3, n=40, seed=sum(case) + 3)
     layer = _AVG_LAYER[nd](k, s, p, d)
     yd, dx, g = _sparse_and_dense_grads(layer, x)
     xd = x.dense().clone().requires_grad_(True)
-    count = _dense_window_sum(occupancy(x), k, s, p, d)
-    ref = _dense_window_sum(xd, k, s, p, d) / count.clamp(min=1)
+    count = dense_window_sum(occupancy(x), k, s, p, d)
+    ref = dense_window_sum(xd, k, s, p, d) / count.clamp(min=1)
     (ref * g * (count > 0)).sum().backward()
     torch.testing.assert_close(yd, ref.detach() * (count > 0), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(dx, gather_sites(xd.grad, x.indices), atol=1e-4, rtol=1e-4)
@@ -105,7 +75,7 @@ def test_avg_pool_matches_dense_mean_of_active(case):
 @pytest.mark.parametrize("nd", [2, 3])
 def test_max_pool_ties_follow_torch_raster_order(nd):
     """Equal maxima: the gradient goes to the first input in window raster order, like F.max_pool."""
-    x = make_sparse(_SHAPE[nd], 1, 2, n=60, seed=11)
+    x = make_sparse(DENSE_SHAPES[nd], 1, 2, n=60, seed=11)
     x = with_features(x, torch.ones_like(x.features))
     yd, dx, g = _sparse_and_dense_grads(_MAX_LAYER[nd](3, 2, 1, 1), x)
     xd = x.dense().clone().requires_grad_(True)
@@ -280,7 +250,7 @@ def test_pool_ops_reject_bad_arguments():
 
 def test_max_pool_propagates_nan_like_dense():
     """A NaN input makes its windows' outputs NaN and takes their gradient, as F.max_pool3d does."""
-    x = make_sparse(_SHAPE[3], 1, 2, n=40, seed=21, positive=True)
+    x = make_sparse(DENSE_SHAPES[3], 1, 2, n=40, seed=21, positive=True)
     feats = x.features.clone()
     covered = ((x.indices[:, 1:] < torch.tensor([6, 6, 4])).all(1)).nonzero()[0, 0]  # a site some window reads
     feats[covered, 1] = float("nan")

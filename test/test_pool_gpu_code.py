@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 import spconv.pytorch as spconv
 from spconv.pytorch import ops as sp_ops
+from support.pool_cases import DENSE_CASES, DENSE_SHAPES, case_id, dense_window_sum
 from support.surface import gather_sites, make_sparse, occupancy, sorted_rows, with_features
 from spconv.pytorch.pool import SparseAvgPool
-from test_pool import CASES as DENSE_CASES, _SHAPE as _POOL_SHAPE, _dense_window_sum, _ids
 
 ops = torch.ops.spconv  # the CPU route: the reference
 
@@ -346,11 +346,11 @@ def _dense_grads(place, layer, x, seed=1):
     return yd.detach().cpu(), feats.grad.cpu(), g
 
 
-@pytest.mark.parametrize("case", DENSE_CASES[::2], ids=_ids)
+@pytest.mark.parametrize("case", DENSE_CASES[::2], ids=case_id)
 def test_max_pool_by_gpu_code_matches_dense(gpu_place, case):
     """Positive features: the sparse max pool densified equals F.max_pool on the densified input."""
     nd, k, s, p, d = case
-    x = make_sparse(_POOL_SHAPE[nd], 2, 3, n=40, seed=sum(case), positive=True)
+    x = make_sparse(DENSE_SHAPES[nd], 2, 3, n=40, seed=sum(case), positive=True)
     yd, dx, g = _dense_grads(gpu_place, _MAX_LAYER[nd](k, s, p, d), x)
     xd = x.dense().clone().requires_grad_(True)
     ref = _MAXPOOL[nd](xd, k, s, p, d)
@@ -359,14 +359,14 @@ def test_max_pool_by_gpu_code_matches_dense(gpu_place, case):
     torch.testing.assert_close(dx, gather_sites(xd.grad, x.indices), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", DENSE_CASES[1::2], ids=_ids)
+@pytest.mark.parametrize("case", DENSE_CASES[1::2], ids=case_id)
 def test_avg_pool_by_gpu_code_matches_dense_mean_of_active(gpu_place, case):
     nd, k, s, p, d = case
-    x = make_sparse(_POOL_SHAPE[nd], 2, 3, n=40, seed=sum(case) + 3)
+    x = make_sparse(DENSE_SHAPES[nd], 2, 3, n=40, seed=sum(case) + 3)
     yd, dx, g = _dense_grads(gpu_place, _AVG_LAYER[nd](k, s, p, d), x)
     xd = x.dense().clone().requires_grad_(True)
-    count = _dense_window_sum(occupancy(x), k, s, p, d)
-    ref = _dense_window_sum(xd, k, s, p, d) / count.clamp(min=1)
+    count = dense_window_sum(occupancy(x), k, s, p, d)
+    ref = dense_window_sum(xd, k, s, p, d) / count.clamp(min=1)
     (ref * g * (count > 0)).sum().backward()
     torch.testing.assert_close(yd, ref.detach() * (count > 0), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(dx, gather_sites(xd.grad, x.indices), atol=1e-5, rtol=1e-5)
@@ -374,7 +374,7 @@ def test_avg_pool_by_gpu_code_matches_dense_mean_of_active(gpu_place, case):
 
 @pytest.mark.parametrize("nd", [2, 3])
 def test_max_pool_ties_by_gpu_code_follow_torch_raster_order(gpu_place, nd):
-    x = make_sparse(_POOL_SHAPE[nd], 1, 2, n=60, seed=11)
+    x = make_sparse(DENSE_SHAPES[nd], 1, 2, n=60, seed=11)
     x = with_features(x, torch.ones_like(x.features))
     yd, dx, g = _dense_grads(gpu_place, _MAX_LAYER[nd](3, 2, 1, 1), x)
     xd = x.dense().clone().requires_grad_(True)
@@ -394,7 +394,7 @@ def test_max_pool_4d_by_gpu_code_matches_brute_force(gpu_place):
 
 
 def test_max_pool_by_gpu_code_propagates_nan_like_dense(gpu_place):
-    x = make_sparse(_POOL_SHAPE[3], 1, 2, n=40, seed=21, positive=True)
+    x = make_sparse(DENSE_SHAPES[3], 1, 2, n=40, seed=21, positive=True)
     feats = x.features.clone()
     covered = ((x.indices[:, 1:] < torch.tensor([6, 6, 4])).all(1)).nonzero()[0, 0]
     feats[covered, 1] = float("nan")

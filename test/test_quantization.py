@@ -20,8 +20,9 @@ from spconv.pytorch.quantization.quantized.reference import SpConv as RefSpConv
 from spconv.pytorch.quantization.utils import fuse_spconv_act_eval, fuse_spconv_bn_eval
 
 from support.int8_reference import int8_conv_reference
-from spconv.benchmark.quant_models import (FusibleBlock, ResidualNet, UnfusibleBlock, VoxelBackBone8x, image_batch,
-                                           ptq, qat, random_scene, train_a_little)
+from support.nets import trained_residual_net
+from spconv.benchmark.quant_models import (FusibleBlock, UnfusibleBlock, VoxelBackBone8x, ptq, qat, random_scene,
+                                           train_a_little)
 
 warnings.filterwarnings("ignore", message=".*quantiz.*")
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -74,16 +75,6 @@ def scene(ndim, n=300, c=16, seed=0, shape=None):
     coords = torch.unique(torch.stack([torch.randint(0, s, (n,), generator=g) for s in shape], 1), dim=0)
     idx = torch.cat([torch.zeros(coords.shape[0], 1, dtype=torch.long), coords], 1).int()
     return spconv.SparseConvTensor(torch.randn(coords.shape[0], c, generator=g), idx, shape, 1)
-
-
-def trained_residual_net(block, seed: int, n_batches: int, steps: int):
-    """spconv's int8 example network after a few optimizer steps on image batches: (net, batches)."""
-    torch.manual_seed(seed)
-    g = gen(seed)
-    net = ResidualNet(block)
-    batches = [image_batch(g) for _ in range(n_batches)]
-    train_a_little(net, batches, steps=steps)
-    return net, batches
 
 
 # ---- the documented workflow ----

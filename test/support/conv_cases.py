@@ -1,7 +1,8 @@
-"""Convolution geometries and helpers shared by the tests of the GPU code's convolution ops (test_gpu_code_ops.py,
-test_hip_cpu_variants.py, test_hip_cpu_fused_backward.py): the small maps every GPU thread of the HIP CPU build
-can run as a fiber, random operands of one layer, the FP64 reference of the native route, and the relative
-error with the tolerance of each dtype."""
+"""Convolution geometries and helpers shared by the tests of the convolution ops (test_fused_cpu.py,
+test_gpu_code_ops.py, test_hip_cpu_variants.py, test_hip_cpu_fused_backward.py): the small maps every GPU thread
+of the HIP CPU build can run as a fiber, the fused CPU tests' maps, random operands of one layer, the native
+route's FP64 reference and plain-torch backward, order-independent pair sets, and the relative error with the
+tolerance of each dtype."""
 import torch
 
 import spconv._backend  # noqa: F401  (torch.ops.spconv)
@@ -47,6 +48,19 @@ MAPS = {
     "deconv": dict(shape=[5, 4, 6], batch=1, n=40, ksize=3, stride=2, padding=1, subm=False, transpose=True),
 }
 
+# The fused route's CPU tests' geometries (test_fused_cpu.py; a GPU runs them too), name -> geometry.
+FUSED_CPU_CASES = {
+    "subm3": dict(shape=[6, 7, 5], batch=2, n=120, ksize=3),
+    "subm_dense": dict(shape=[4, 4, 4], batch=1, n=64, ksize=3),  # every site active
+    "subm_sparse": dict(shape=[30, 30, 30], batch=1, n=40, ksize=3),  # few neighbours
+    "subm5_kvol125": dict(shape=[8, 8, 8], batch=1, n=200, ksize=5),  # > 32 offsets: grouped mask bits
+    "subm_k12": dict(shape=[9, 9], batch=2, n=70, ksize=(1, 2)),  # kvol 2
+    "conv_s2": dict(shape=[9, 8, 7], batch=2, n=150, ksize=3, stride=2, padding=1, subm=False),
+    "conv_k2s2": dict(shape=[8, 8, 8], batch=1, n=100, ksize=2, stride=2, subm=False),
+    "deconv": dict(shape=[5, 4, 6], batch=1, n=40, ksize=3, stride=2, padding=1, subm=False, transpose=True),
+    "dilated": dict(shape=[10, 10, 10], batch=1, n=150, ksize=3, dilation=2),
+}
+
 # Relative to the norm: FP32 against the CPU route on the same inputs, FP16/BF16 against an FP64 reference.
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
@@ -78,3 +92,25 @@ def native_f64(x, w, dy, m):
     y = cpu.indice_conv(x, w, m.pair_in, m.pair_out, m.pair_offsets, m.num_out)
     dx, dw = cpu.indice_conv_backward(x, w, dy, m.pair_in, m.pair_out, m.pair_offsets)
     return y, dx, dw
+
+
+def native_backward(features, filters, dy, m):
+    """(dinput, dfilter) of the map m in plain torch (independent of the extension's native route)."""
+    dx = torch.zeros_like(features)
+    dw = torch.zeros_like(filters)
+    for k in range(filters.shape[0]):
+        a, b = int(m.pair_offsets[k]), int(m.pair_offsets[k + 1])
+        pin, pout = m.pair_in[a:b].long(), m.pair_out[a:b].long()
+        dx.index_add_(0, pin, dy[pout] @ filters[k].t())
+        dw[k] = features[pin].t() @ dy[pout]
+    return dx, dw
+
+
+def sorted_pairs(pin, pout, poff):
+    """Pair sets per offset as sorted (out, in) keys: order-independent comparison."""
+    res = []
+    for k in range(poff.numel() - 1):
+        a, b = int(poff[k]), int(poff[k + 1])
+        key = pout[a:b].long() * (1 << 32) + pin[a:b].long()
+        res.append(torch.sort(key).values)
+    return res
