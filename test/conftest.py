@@ -48,15 +48,17 @@ def hip_cpu_library(variant: str = "simt"):
     built = hip_cpu_build.load(variant, src)
     _HIP_CPU_LOADED[variant] = getattr(torch.ops, built.namespace)
     _HIP_CPU_PATHS[variant] = built.path
-    order = os.environ.get("SPCONV_HIP_CPU_THREAD_ORDER", "ascending")  # the mutation check sets descending
-    if order not in THREAD_ORDERS:
-        raise ValueError("SPCONV_HIP_CPU_THREAD_ORDER must be one of %s, got %r" % (THREAD_ORDERS, order))
-    _order_setter(variant)(order == "descending")
+    if SESSION_ORDER not in THREAD_ORDERS:
+        raise ValueError("SPCONV_HIP_CPU_THREAD_ORDER must be one of %s, got %r" % (THREAD_ORDERS, SESSION_ORDER))
+    _order_setter(variant)(SESSION_ORDER == "descending")
     return _HIP_CPU_LOADED[variant]
 
 
 _HIP_CPU_PATHS = {}
 THREAD_ORDERS = ["ascending", "descending"]
+# The order of every kernel outside thread_order(): the runtime's, or descending for a whole run (the mutation
+# check sets it).
+SESSION_ORDER = os.environ.get("SPCONV_HIP_CPU_THREAD_ORDER", "ascending")
 
 
 def _order_setter(variant: str):

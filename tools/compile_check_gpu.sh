@@ -7,7 +7,15 @@
 #   NVCC=...  HIPCC=...  CXX=...          compilers (defaults: nvcc from PATH or CUDA_HOME, hipcc, g++)
 #   SPCONV_SKIP_HIPCC=1 / SPCONV_SKIP_NVCC=1  skip one dialect (CI should not)
 #   JOBS=N                                parallel compiles (default 2)
+#   --part device | host                  one half: the device code (nvcc/hipcc compiles, int8 bodies, MFMA budget;
+#                                         needs no Python package, so CI runs it while the Python setup installs)
+#                                         or the host side (torch-header glue checks, SASS budget). Default: both.
 set -u
+PART=all
+if [ "${1:-}" = "--part" ]; then PART=${2:-}; fi
+case $PART in all|device|host) ;; *) echo "compile_check_gpu: --part takes device or host, got '$PART'" >&2; exit 2;; esac
+device() { [ "$PART" != host ]; }
+host() { [ "$PART" != device ]; }
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 JOBS=${JOBS:-2}
@@ -19,7 +27,7 @@ NVCC=${NVCC:-$(command -v nvcc || true)}
 if [ -z "$NVCC" ] && [ -n "${CUDA_HOME:-}" ] && [ -x "$CUDA_HOME/bin/nvcc" ]; then NVCC=$CUDA_HOME/bin/nvcc; fi
 if [ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ]; then NVCC=/usr/local/cuda/bin/nvcc; fi
 HIPCC=${HIPCC:-$(command -v hipcc || true)}
-if [ -z "$HIPCC" ] && [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ]; then
+if [ -z "$HIPCC" ] && [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ] && device; then
   echo "compile_check_gpu: hipcc not found, installing it"
   bash tools/install_system_deps.sh || true
   HIPCC=$(command -v hipcc || true)
@@ -29,7 +37,8 @@ CXX=${CXX:-g++}
 INC="-I$ROOT/csrc/include -I$ROOT/csrc"
 jobs_file=$OUT/jobs.txt
 : >"$jobs_file"
-TORCH_INC=$(${PYTHON:-python3} -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))" 2>/dev/null || true)
+TORCH_INC=
+host && TORCH_INC=$(${PYTHON:-python3} -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))" 2>/dev/null || true)
 GLUE_FLAGS="-std=c++17 -DSPCONV_WITH_GPU=1 $INC -I$TORCH_INC -I$TORCH_INC/torch/csrc/api/include"
 # torch's headers precompiled once for the glue checks (a check parses them for 8 of its 10 s). The first job
 # makes it; a check that starts before it is there reads the header's text instead, as fast as without it.
@@ -45,7 +54,7 @@ if [ -n "$TORCH_INC" ]; then
   echo "pch torch-headers make_pch $GLUE_PCH $CXX $GLUE_FLAGS" >>"$jobs_file"
 fi
 for f in csrc/hip/*.cu; do
-  [ -e "$f" ] || continue
+  [ -e "$f" ] && device || continue
   b=$(basename "$f")
   if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ]; then
     if [ -z "$NVCC" ]; then echo "compile_check_gpu: nvcc not found" >&2; exit 1; fi
@@ -57,14 +66,15 @@ for f in csrc/hip/*.cu; do
   fi
 done
 
-if [ -n "$TORCH_INC" ]; then
+if host; then
+  if [ -z "$TORCH_INC" ]; then
+    echo "compile_check_gpu: torch not importable; cannot run the glue check" >&2
+    exit 1
+  fi
   for f in csrc/ops/gpu/*.cpp; do
     [ -e "$f" ] || continue
     echo "g++ $f $CXX $GLUE_FLAGS -include $GLUE_PCH -fsyntax-only $f" >>"$jobs_file"
   done
-else
-  echo "compile_check_gpu: torch not importable; skipping the glue check" >&2
-  exit 1
 fi
 
 run_one() {  # prints ok/FAIL with the job's wall and CPU seconds (where the check's time goes)
@@ -110,19 +120,19 @@ body_check() {  # name target instruction command...
   fi
 }
 Q=csrc/hip/quantized_conv.cu
-if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ]; then
+if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ] && device; then
   NV="$NVCC -std=c++17 -O3 -x cu --expt-relaxed-constexpr $INC -ptx -o -"
   body_check dp4a sm_75 dp4a $NV -arch=compute_75 $Q
   body_check mma_s8 sm_80 "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" $NV -arch=compute_80 $Q
 fi
-if [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ]; then
+if [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ] && device; then
   HC="$HIPCC -std=c++17 -O3 -x hip --cuda-device-only -S $INC -o -"
   body_check sdot4 gfx906 v_dot4_i32_i8 $HC --offload-arch=gfx906 $Q
   body_check mfma_i8 gfx90a v_mfma_i32_16x16x16i8 $HC --offload-arch=gfx90a $Q
 fi
 # The pipelined sm_80 body's static budget on the SASS (instructions per MMA in its main loops, cp.async present,
 # no local memory), figures in this log. cuobjdump and nvdisasm come from pip's NVIDIA packages where missing.
-if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ]; then
+if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ] && host; then
   PY=${PYTHON:-python3}
   if ! $PY tools/sass_budget.py --find >/dev/null; then
     $PY -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm >/dev/null 2>&1 || true
@@ -136,8 +146,8 @@ if [ "${SPCONV_SKIP_NVCC:-0}" != 1 ]; then
 fi
 # The MFMA forward body's static budget on the gfx90a ISA (instructions per m16n8k16-equivalent in its main loop,
 # no scratch), figures in this log.
-if [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ]; then
+if [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ] && device; then
   HIPCC=$HIPCC ${PYTHON:-python3} tools/mfma_budget.py || status=1
 fi
-echo "compile_check_gpu: $(wc -l <"$jobs_file") compiles, the int8 bodies and the SASS and MFMA budgets in $(( $(date +%s) - start )) s, status $status"
+echo "compile_check_gpu ($PART): $(wc -l <"$jobs_file") compiles, the int8 bodies and the SASS and MFMA budgets in $(( $(date +%s) - start )) s, status $status"
 exit $status

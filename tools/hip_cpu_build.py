@@ -28,7 +28,8 @@ Usage:  python3 tools/hip_cpu_build.py [--variant NAME|all] [--source-root DIR] 
 Environment:
   HIP_CPU_ROOT               the HIP CPU runtime (default: ../shared/third_party/hip-cpu from the repo root)
   CXX                        host compiler (default g++)
-  SPCONV_HIP_CPU_OPT         optimisation level (default -O1: the best compile/run trade-off for the tests)
+  SPCONV_HIP_CPU_OPT         optimisation level of the libraries (default -O1: the best compile/run trade-off
+                             for the tests; the test programs compile at -O0)
   SPCONV_HIP_CPU_SANITIZE=1  AddressSanitizer + UBSan build (separate cache; see docs/hip_cpu.md to run it)
   SPCONV_HIP_CPU_JOBS        parallel compiles (default: CPU count)
   SPCONV_TBB_ROOT            a oneTBB prefix (include/, lib/) to use instead of the search below
@@ -253,8 +254,16 @@ def _cache_base(src: str, san: bool, torch_version: str, common: List[str]):
 # part of those objects' commands and cache keys; whether GCC took the precompiled header or parsed its text gives
 # the same object.
 _GLUE_PCH_TEXT = torch_pch.PCH_TEXT
-_KERNEL_PCH_TEXT = ("#include <cstdint>\n#include <utility>\n#include <chrono>\n#include <hip/hip_runtime.h>\n"
-                    "#include <hip/hip_fp16.h>\n")
+_KERNEL_PCH_HEAD = "#include <cstdint>\n#include <utility>\n#include <chrono>\n"
+_KERNEL_PCH_TAIL = "#include <hip/hip_runtime.h>\n#include <hip/hip_fp16.h>\n"
+_IDLE_HEADER = os.path.join("csrc", "hip", "hip_cpu_idle.h")  # must precede the runtime (hip_compat.h does so)
+
+
+def _kernel_pch_text(src: str) -> str:
+    """The kernels' precompiled header: hip_compat.h's system and runtime includes, with the idle backoff's text
+    inlined before the runtime (its content is then part of the header's cache key)."""
+    with open(os.path.join(src, _IDLE_HEADER)) as f:
+        return _KERNEL_PCH_HEAD + f.read() + _KERNEL_PCH_TAIL
 _PCH_MIN_OBJECTS = 3  # fewer such objects to compile: making the header costs more than it saves
 _TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*<(ATen|torch|c10)/', re.M)
 _QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
@@ -398,7 +407,7 @@ def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Op
     base, cache = _cache_base(src, san, torch_version, common)
 
     pchs = {"cxx": _pch(cache, "glue_pch.h", _GLUE_PCH_TEXT, torch_version, [_cxx()] + lang["cxx"] + common, src),
-            "cu": _pch(cache, "kernel_pch.h", _KERNEL_PCH_TEXT, torch_version, [_cxx()] + lang["cu"] + common, src)}
+            "cu": _pch(cache, "kernel_pch.h", _kernel_pch_text(src), torch_version, [_cxx()] + lang["cu"] + common, src)}
     jobs_list = []
     for path, kind in _sources(src).items():
         extra = _file_defines(path, kind, src, v)
@@ -433,7 +442,7 @@ def build(variant: str = "simt", source_root: Optional[str] = None, sanitize: Op
 def build_program(name: str, sources: List[str], defines: List[str] = (), source_root: Optional[str] = None,
                   jobs: Optional[int] = None, log=None) -> str:
     """Builds (or reuses) a standalone executable from sources (test programs, relative to this repository)
-    against the runtime and the csrc/ headers of the source root, with the kernels' flags plus defines;
+    against the runtime and the csrc/ headers of the source root, with the kernels' flags (at -O0) plus defines;
     csrc/hip is on the include path. Returns its path."""
     why = missing_requirements()
     if why:
@@ -442,11 +451,13 @@ def build_program(name: str, sources: List[str], defines: List[str] = (), source
     san = sanitize_enabled(None)
     torch_version, torch_inc, _ = _torch_paths()
     library_common, lang = _flags(src, san, torch_version, torch_inc)
-    common = library_common + ["-I" + os.path.join(src, "csrc", "hip")] + ["-D" + d for d in defines]
+    # -O0: the programs run a few tiles through the emulators, and compile in a third of -O1's time.
+    program_common = ["-O0"] + library_common[1:]
+    common = program_common + ["-I" + os.path.join(src, "csrc", "hip")] + ["-D" + d for d in defines]
     base, cache = _cache_base(src, san, torch_version, common)
-    # The library's kernel header: the program's defines and include path do not reach the runtime's headers.
-    kernel_pch = _pch(cache, "kernel_pch.h", _KERNEL_PCH_TEXT, torch_version,
-                      [_cxx()] + lang["cu"] + library_common, src)
+    # The kernels' header at the programs' level: their defines and include path do not reach the runtime's headers.
+    kernel_pch = _pch(cache, "kernel_pch.h", _kernel_pch_text(src), torch_version,
+                      [_cxx()] + lang["cu"] + program_common, src)
     jobs_list = []
     for rel in sources:
         path = os.path.join(REPO, rel)

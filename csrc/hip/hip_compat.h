@@ -12,6 +12,7 @@
 #if defined(SPCONV_HIP_CPU)
 // HIP CPU runtime (tests only: runs the kernels on the host, one fiber per GPU thread, 64-wide
 // wavefronts). Its hipDeviceProp_t lacks the AMD fields, so it is neither SPCONV_HIP nor SPCONV_CUDA.
+#include "hip_cpu_idle.h"  // before the runtime: its stream thread sleeps when idle instead of spinning
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
 // Without NDEBUG the runtime defines __forceinline__ as nothing: header helpers would collide at link.
