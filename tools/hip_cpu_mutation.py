@@ -127,10 +127,10 @@ MUTATIONS = [
              "b.flags[total + k * n + r] = s >= 0;", ["test/test_gpu_map_order.py"],
              why="regular conv pairs of one offset in input key order instead of input row order"),
     Mutation("dfilter_table_last_scan", "csrc/hip/fused_conv.cu", "st.more = st.base < a.rows && st.seen < t.pe;",
-             "st.more = st.base + kThreads < a.rows && st.seen < t.pe;", ["test/test_hip_cpu_fused_backward.py"],
+             "st.more = st.base + kThreads < a.rows && st.seen < t.pe;", ["test/test_gpu_code_fused_backward.py"],
              why="dfilter on a table: the pairs of the column's last kThreads rows are never scanned"),
     Mutation("dinput_mirror_column", "csrc/hip/fused_conv.cu", "return a.mirror ? a.kvol - 1 - k : k;",
-             "return k;", ["test/test_hip_cpu_fused_backward.py"],
+             "return k;", ["test/test_gpu_code_fused_backward.py"],
              why="dinput on a mirrored map reads the forward table's own column instead of its mirror"),
     Mutation("native_16bit_offset_results", "csrc/ops/gpu/conv_gpu.cpp",
              "at::empty({rows, c_dst}, src.options().dtype(acc.scalar_type()))",
@@ -188,7 +188,7 @@ MUTATIONS = [
              why="pipelined sm_80 dfilter (pairs): the loop stops one step short (the split's last pairs)"),
     Mutation("sm80_dfilter_table_last_step_skipped", "csrc/hip/fused_conv.cu",
              "for (int i = 0; i < issued; ++i) {", "for (int i = 0; i + 1 < issued; ++i) {",
-             ["test/test_hip_cpu_fused_backward.py", "-k", "sm80"], requires="csrc/hip/emu", variant="sm80",
+             ["test/test_gpu_code_fused_backward.py", "-k", "sm80"], requires="csrc/hip/emu", variant="sm80",
              why="pipelined sm_80 dfilter (table): the loop stops one step short (the split's last pairs)"),
 ]
 
@@ -261,7 +261,7 @@ def generated_mutations(root: str = REPO) -> List[Mutation]:
             line = _line_of(text, hit.start())
             if line in sm80:  # code of the sm80 variant only
                 extra = dict(variant="sm80", requires="csrc/hip/emu")
-                kernel_tests = ["test/test_hip_cpu_variants.py", "test/test_hip_cpu_fused_backward.py", "-k", "sm80"]
+                kernel_tests = ["test/test_hip_cpu_variants.py", "test/test_gpu_code_fused_backward.py", "-k", "sm80"]
             else:
                 extra, kernel_tests = {}, tests
             out.append(Mutation("%s_barrier_L%d" % (stem, line), rel, "__syncthreads();", "/* barrier removed */",

@@ -1,5 +1,5 @@
 """Convolution geometries and helpers shared by the tests of the convolution ops (test_fused_cpu.py,
-test_gpu_code_ops.py, test_hip_cpu_variants.py, test_hip_cpu_fused_backward.py): the small maps every GPU thread
+test_gpu_code_ops.py, test_hip_cpu_variants.py, test_gpu_code_fused_backward.py): the small maps every GPU thread
 of the HIP CPU build can run as a fiber, the fused CPU tests' maps, random operands of one layer, the native
 route's FP64 reference and plain-torch backward, order-independent pair sets, and the relative error with the
 tolerance of each dtype."""
