@@ -149,5 +149,10 @@ fi
 if [ "${SPCONV_SKIP_HIPCC:-0}" != 1 ] && device; then
   HIPCC=$HIPCC ${PYTHON:-python3} tools/mfma_budget.py || status=1
 fi
-echo "compile_check_gpu ($PART): $(wc -l <"$jobs_file") compiles, the int8 bodies and the SASS and MFMA budgets in $(( $(date +%s) - start )) s, status $status"
+case $PART in
+  device) what="the int8 bodies and the MFMA budget" ;;
+  host) what="the SASS budget" ;;
+  *) what="the int8 bodies and the SASS and MFMA budgets" ;;
+esac
+echo "compile_check_gpu ($PART): $(wc -l <"$jobs_file") compiles, $what in $(( $(date +%s) - start )) s, status $status"
 exit $status
