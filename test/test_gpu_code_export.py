@@ -1,15 +1,12 @@
-"""torch.export through the GPU code (run on the CPU by the HIP CPU build; spconv._backend.gpu_code_on_cpu): the
-fused route's tables and convolutions and the GPU kernel maps trace with data-dependent sizes, and the
+"""torch.export through the GPU code wherever it runs (``gpu_place``: the HIP CPU build, and a GPU when there is
+one): the fused route's tables and convolutions and the GPU kernel maps trace with data-dependent sizes, and the
 exported module gives the eager GPU route's bits at other voxel counts."""
-import pytest
 import torch
 from torch import nn
 
 import spconv.pytorch as spconv
-from spconv import _backend, deploy
+from spconv import deploy
 from support.export_nets import inputs
-
-pytestmark = pytest.mark.hip_cpu
 
 
 class Net(nn.Module):
@@ -26,16 +23,18 @@ class Net(nn.Module):
         return out.features, out.indices
 
 
-def test_export_through_the_gpu_code(hip_cpu):
+def test_export_through_the_gpu_code(gpu_place):
     torch.manual_seed(0)
-    model = Net().eval()
-    with _backend.gpu_code_on_cpu(hip_cpu.name):
-        ep = deploy.export(model, *inputs(0, 0.2))
+    model = Net().eval().to(gpu_place.device)
+    on = gpu_place.to
+    # cuDNN / MIOpen off: eager batch norm then runs ATen's kernel, as the exported graph does (a no-op on the CPU)
+    with gpu_place.active(), torch.backends.cudnn.flags(enabled=False):
+        ep = deploy.export(model, *map(on, inputs(0, 0.2)))
         called = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-        assert {hip_cpu.name + ".get_indice_pairs.default", hip_cpu.name + ".fused_conv.default"} <= called, \
-            sorted(called)
+        ns = gpu_place.ops.name
+        assert {ns + ".get_indice_pairs.default", ns + ".fused_conv.default"} <= called, sorted(called)
         with torch.no_grad():
             for seed, density in ((1, 0.1), (2, 0.3)):
-                feats, idx = inputs(seed, density)
+                feats, idx = map(on, inputs(seed, density))
                 ref, out = model(feats, idx), ep.module()(feats, idx)
                 assert all(torch.equal(a, b) for a, b in zip(out, ref)), (seed, density)
