@@ -239,7 +239,8 @@ class SparseConvForward:
     def _int8_conv(self, features, qweight, maps, num_out, channel_scale, bias, output_scale, add_input, act, alpha,
                    plain_1x1: bool = False) -> torch.Tensor:
         cached = getattr(self, "_int8_filters_cache", None)
-        if cached is None or cached[0] is not qweight:  # the int8 [kvol, Cin, Cout] filters, once per weight
+        # the int8 [kvol, Cin, Cout] filters, once per weight and device (a model moved keeps its weight objects)
+        if cached is None or cached[0] is not qweight or cached[1].device != features.device:
             if plain_1x1:
                 filters, scales = _int8.reinterpreted_1x1(qweight)
                 cached = (qweight, filters.to(features.device), (scales / _int8.weight_scales(qweight)).to(
