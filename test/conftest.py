@@ -61,6 +61,11 @@ THREAD_ORDERS = ["ascending", "descending"]
 SESSION_ORDER = os.environ.get("SPCONV_HIP_CPU_THREAD_ORDER", "ascending")
 
 
+def hip_cpu_library_path(variant: str = "simt") -> str:
+    """The shared library of a variant that hip_cpu_library() loaded (for tests that load it in a subprocess)."""
+    return _HIP_CPU_PATHS[variant]
+
+
 def _order_setter(variant: str):
     setter = ctypes.CDLL(_HIP_CPU_PATHS[variant]).spconv_hip_cpu_set_descending  # the loaded library's handle
     setter.argtypes, setter.restype = [ctypes.c_bool], ctypes.c_bool
