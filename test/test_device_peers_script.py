@@ -31,9 +31,9 @@ def test_dry_run_writes_the_schema(tmp_path):
     assert d["commit"] == "unknown" or re.fullmatch(r"[0-9a-f]{40}", d["commit"])
     assert [c["name"] for c in d["cases"]] == REQUIRED
     for c in d["cases"]:
-        assert set(c) == {"name", "ours_ms", "spconv238_ms", "spconv_triton_ms"}, c
+        assert set(c) == {"name", "ours_ms", "spconv238_ms", "spconv_triton_ms", "ours_sm80_ms"}, c
         assert isinstance(c["ours_ms"], float) and c["ours_ms"] > 0, (c, d.get("notes"))
-        assert c["spconv238_ms"] is None and c["spconv_triton_ms"] is None
+        assert c["spconv238_ms"] is None and c["spconv_triton_ms"] is None and c["ours_sm80_ms"] is None
     # The table comes last: a header, then one row per case in order, with nulls for the peers.
     lines = r.stdout.strip().splitlines()
     rows = lines[-len(REQUIRED):]

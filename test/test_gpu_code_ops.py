@@ -177,6 +177,44 @@ def test_fused_forward_dinput_dfilter(gpu_place, splits, case, dtype):
         assert rel_err(got, r) < TOL[dtype], "%s: relative error %g" % (what, rel_err(got, r))
 
 
+# The pipelined sm_80 bodies on a GPU (SPCONV_FUSED_SM80=1; WMMA is the default there): the tensor cores' own
+# order of additions, so a bound against FP64 and against the default body, not bits. On the HIP CPU build the
+# sm80 variant gives the SIMT body's bits (test_hip_cpu_variants.py).
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@per_place("splits,case", {"cuda": [(s, c) for s in (1, 2) for c in (
+    ("subm_big", 64, 64), ("subm_big", 13, 70), ("subm_big", 40, 72), ("subm_big", 140, 12), ("subm_big", 256, 256),
+    ("conv_big", 128, 128), ("subm_highsparse", 96, 96), ("deconv", 24, 40))]},
+    ids=lambda s, c: "%d-%s-%dx%d" % ((s,) + c))
+def test_fused_pipelined_body(gpu_place, splits, case, dtype, monkeypatch):
+    name, cin, cout = case
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the pipelined bodies need sm_80 or later")
+    idx, res, _ = both_maps(gpu_place, name)
+    m = as_maps(res, idx.shape[0])
+    s = min(splits, m.pair_offsets.numel() - 1)
+    x, w, dy = fused_inputs(m, cin, cout, dtype)
+    ops, on, md = gpu_place.ops, gpu_place.to, on_device(gpu_place, m)
+    fwd = ops.build_fused_map(md.pair_in, md.pair_out, md.pair_offsets, m.num_out, s)
+    rev = ops.build_fused_map(md.pair_out, md.pair_in, md.pair_offsets, m.num_in, s)
+    wt = on(w.transpose(1, 2).contiguous())
+
+    def run():
+        return cpu_all((ops.fused_conv(on(x), on(w), *fwd), ops.fused_conv(on(dy), wt, *rev),
+                        ops.fused_conv_dfilter(on(x), on(dy), md.pair_in, md.pair_out, md.pair_offsets)))
+
+    monkeypatch.setenv("SPCONV_FUSED_SM80", "0")
+    default = run()
+    monkeypatch.setenv("SPCONV_FUSED_SM80", "1")
+    assert ops.fused_conv_path(on(x)) == "sm80"
+    got = run()
+    assert all(torch.equal(a, b) for a, b in zip(got, run())), "the pipelined bodies are deterministic"
+    for what, g, d, r in zip(("forward", "dinput", "dfilter"), got, default, native_f64(x, w, dy, m)):
+        assert g.dtype == dtype and g.shape == r.shape, what
+        assert rel_err(g, r) < TOL[dtype], "%s: relative error %g against FP64" % (what, rel_err(g, r))
+        assert rel_err(g, d.to(r.dtype)) < TOL[dtype], "%s: relative difference %g from the default body" % (
+            what, rel_err(g, d.to(r.dtype)))
+
+
 @on_places()
 def test_fused_dfilter_split_k(gpu_place):
     """Enough pairs per offset (> 4096) for the glue to split K into several workspace chunks."""
@@ -205,7 +243,7 @@ def test_fused_deterministic(gpu_place, name, cin, cout, dtype, splits):
 
 
 @on_places()
-def test_fused_empty_and_path(gpu_place):
+def test_fused_empty_and_path(gpu_place, monkeypatch):
     ops, dev = gpu_place.ops, gpu_place.device
     z = torch.zeros(0, dtype=torch.int32, device=dev)
     poff = torch.zeros(28, dtype=torch.int64, device=dev)
@@ -224,7 +262,10 @@ def test_fused_empty_and_path(gpu_place):
     if gpu_place.name == "hip_cpu":
         assert set(path.values()) == {"simt"}  # no matrix cores on the host
     elif torch.version.cuda:
-        assert path[torch.float16] == ("wmma" if torch.cuda.get_device_capability()[0] >= 8 else "simt")
+        sm80 = torch.cuda.get_device_capability()[0] >= 8
+        assert path[torch.float16] == ("wmma" if sm80 else "simt")
+        monkeypatch.setenv("SPCONV_FUSED_SM80", "1")  # the pipelined bodies on request, read at each launch
+        assert ops.fused_conv_path(torch.zeros(1, dtype=torch.float16, device=dev)) == ("sm80" if sm80 else "simt")
 
 
 # The HIP CPU build runs the fused route's autograd in the modules' and networks' tests (test_gpu_code_network.py)

@@ -70,6 +70,28 @@ def test_variant_reports_its_body(variant):
         assert ops.fused_conv_path(x.to(dtype)) == variant
 
 
+@pytest.mark.parametrize("setting", [None, "0", "1"], ids=["unset", "off", "on"])
+@pytest.mark.parametrize("variant", sorted(hip_cpu_build.VARIANTS))
+def test_fused_sm80_switch(variant, setting, monkeypatch):
+    """SPCONV_FUSED_SM80, read at every launch, picks the pipelined sm_80 bodies where they are compiled (the
+    sm80 variant here, as NVIDIA builds for sm_80+): unset they are the sm80 variant's default, =0 gives the other
+    instantiation (SIMT in this variant) and =1 asks for them; where they are absent it changes nothing. The
+    forward, dinput and dfilter of the other instantiation give the SIMT body's bits."""
+    if setting is None:
+        monkeypatch.delenv("SPCONV_FUSED_SM80", raising=False)
+    else:
+        monkeypatch.setenv("SPCONV_FUSED_SM80", setting)
+    ops = hip_cpu_library(variant)
+    body = "simt" if variant == "sm80" and setting == "0" else variant
+    for dtype in (torch.float16, torch.bfloat16):
+        assert ops.fused_conv_path(torch.zeros(4, 8, dtype=dtype)) == body
+    if variant == "sm80" and setting == "0":
+        simt, _ = results("simt", "vec", torch.float16)
+        got, _ = run_fused(ops, "vec", torch.float16)
+        for what, g, r in zip(("forward", "dinput", "dfilter"), got, simt):
+            assert torch.equal(g.view(torch.int16), r.view(torch.int16)), what
+
+
 @pytest.mark.slow
 @DTYPES
 @pytest.mark.parametrize("case", sorted(CASES))

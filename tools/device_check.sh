@@ -90,6 +90,7 @@ fi
 
 phase "timing: SubMConv3d 3x3x3 on ~50k voxels, 41x1600x1408, kernel map cached"
 timeout "$(cap 60)" python3 - <<'PY'
+import os
 import sys
 import time
 
@@ -167,6 +168,16 @@ for dtype, C in ((torch.float16, 256), (torch.float16, 128), (torch.float16, 64)
     ref = ops.indice_conv(x.float(), w.float(), pin, pout, poff, n)
     err = (ops.fused_conv(x, w, *fused_tabs[1]).float() - ref).norm().item()
     path = ops.fused_conv_path(x)
+    if dtype != torch.float32:  # the pipelined sm_80 bodies, on request (SPCONV_FUSED_SM80, read at each launch)
+        os.environ["SPCONV_FUSED_SM80"] = "1"
+        if ops.fused_conv_path(x) == "sm80":
+            for s in (1, 2):
+                res[f"sm80_s{s}"] = bench(lambda: ops.fused_conv(x, w, *fused_tabs[s], info))
+            res["sm80_bwd"] = bench(lambda: (ops.fused_conv(dy, wt, *rt, info),
+                                             ops.fused_conv_dfilter(x, dy, pin, pout, poff, info)))
+            e80 = (ops.fused_conv(x, w, *fused_tabs[1]).float() - ref).norm().item()
+            path += f" (sm80: |fused - fp32 native| = {e80:.3g})"
+        del os.environ["SPCONV_FUSED_SM80"]
     print(f"\n{name} {C}->{C}: fused body {path}, |fused - fp32 native| = {err:.3g}")
     for k, (med, best) in res.items():
         fl = flops * (2 if k.endswith("bwd") else 1)
@@ -179,6 +190,10 @@ for name, C, res in rows:
     if name == "fp16":
         sp = res["native"][0] / min(res["fused_s1"][0], res["fused_s2"][0])
         print(f"SUMMARY fp16 C={C}: fused/native forward speedup {sp:.2f}x (goal >= 2x)")
+    if "sm80_s1" in res:
+        f, b = min(res["sm80_s1"][0], res["sm80_s2"][0]), res["sm80_bwd"][0]
+        print(f"SUMMARY {name} C={C}: pipelined sm80 body forward {f:.4f} ms, backward {b:.4f} ms; default body "
+              f"{min(res['fused_s1'][0], res['fused_s2'][0]):.4f} / {res['fused_bwd'][0]:.4f} ms")
 PY
 RESULT[timing]=$([ $? = 0 ] && echo ok || echo FAILED)
 
@@ -219,6 +234,16 @@ tail -60 "$LOGDIR/gpu-tests.log"
 RESULT[gpu_tests]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
 fi
 
+phase "GPU tests of the pipelined sm_80 bodies (SPCONV_FUSED_SM80=1): fused ops and networks"
+T=$(limit 60)
+if [ "$T" = 0 ]; then RESULT[sm80_tests]="skipped (no time left)"; else
+SPCONV_FUSED_SM80=1 timeout "$T" python3 -m pytest -q -p no:cacheprovider -rfE -m "not hip_cpu" -k "fused or network" \
+  test/test_gpu_code_ops.py test/test_gpu_code_network.py >"$LOGDIR/gpu-tests-sm80.log" 2>&1
+rc=$?
+tail -20 "$LOGDIR/gpu-tests-sm80.log"
+RESULT[sm80_tests]=$([ "$rc" = 0 ] && echo ok || echo "FAILED (rc $rc)")
+fi
+
 phase "GPU cases of the general suite (-k 'cuda or gpu')"
 T=$(limit 90)
 if [ "$T" = 0 ]; then RESULT[gpu_cases]="skipped (no time left)"; else
@@ -254,11 +279,12 @@ SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2
 if [ -n "$SAN" ]; then
   RESULT[sanitizer]=ok
   for tool in memcheck racecheck; do
-    for case in normal duplicates; do
+    for case in normal sm80 duplicates; do  # sm80: the normal case on the pipelined sm_80 bodies
       LEFT=$(( ${SANITIZE_UNTIL:-$DEADLINE} - $(elapsed) ))
       if [ $LEFT -lt 20 ]; then RESULT[sanitizer]="${RESULT[sanitizer]}; $tool $case skipped (no time left)"; continue; fi
       CAP=$([ $tool = racecheck ] && echo 150 || echo 60)  # racecheck runs several times longer per case
-      timeout $(( LEFT < CAP ? LEFT : CAP )) "$SAN" --tool $tool --error-exitcode 3 python3 tools/device_sanitize_case.py $case 2>&1 | tail -8
+      SPCONV_FUSED_SM80=$([ $case = sm80 ] && echo 1 || echo 0) timeout $(( LEFT < CAP ? LEFT : CAP )) "$SAN" \
+        --tool $tool --error-exitcode 3 python3 tools/device_sanitize_case.py ${case/sm80/normal} 2>&1 | tail -8
       rc=${PIPESTATUS[0]}
       [ "$rc" = 0 ] || RESULT[sanitizer]="${RESULT[sanitizer]}; $tool $case rc $rc"
     done
@@ -269,7 +295,7 @@ fi
 
 phase "summary"
 echo "GPU: $GPU"
-for k in build timing peers gpu_tests gpu_cases benchmark sanitizer; do
+for k in build timing peers gpu_tests sm80_tests gpu_cases benchmark sanitizer; do
   [ -n "${RESULT[$k]:-}" ] && printf '  %-15s %s\n' "$k" "${RESULT[$k]}"
 done
 [ -s "$LOGDIR/peers.txt" ] && { echo; tail -n 14 "$LOGDIR/peers.txt"; }  # the peers table, last

@@ -12,8 +12,11 @@ module (the API is the same), times with CUDA events (host clock on the CPU), wa
 tunes its GEMMs on first use) and reports medians. A library that cannot run a case gets null there.
 
 Output: bench/results/<UTC date>-device-<gpu>.json (or --json):
-    {"gpu": ..., "commit": ..., "cases": [{"name", "ours_ms", "spconv238_ms", "spconv_triton_ms"}], "notes": [...]}
-and the table with ratios, printed last.
+    {"gpu": ..., "commit": ..., "cases": [{"name", "ours_ms", "spconv238_ms", "spconv_triton_ms", "ours_sm80_ms"}],
+     "notes": [...]}
+and the table with ratios, printed last. ``ours_sm80_ms``: the project with its pipelined sm_80 bodies
+(SPCONV_FUSED_SM80=1; WMMA is the default on NVIDIA GPUs until they have run on one), on the 16-bit cases only
+(null elsewhere), timed after the peers so that they keep their share of the budget.
 
 Standalone on purpose: only the parent imports the project (the child loads spconv/benchmark/network.py by path).
 """
@@ -31,8 +34,13 @@ import traceback
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIBS = ("ours", "spconv238", "spconv_triton")
-KEYS = {"ours": "ours_ms", "spconv238": "spconv238_ms", "spconv_triton": "spconv_triton_ms"}
+LIBS = ("ours", "spconv238", "spconv_triton", "ours_sm80")
+KEYS = {"ours": "ours_ms", "spconv238": "spconv238_ms", "spconv_triton": "spconv_triton_ms", "ours_sm80": "ours_sm80_ms"}
+
+
+def sm80_case(name: str) -> bool:
+    """The cases whose layers run 16-bit fused convolutions: those the pipelined bodies change."""
+    return "fp16" in name or "amp" in name
 CASES = ("subm_map_50k", "subm_map_1m", "strided_map_50k", "maxpool_28k", "subm_cached_212", "basic_fp16_fwd",
          "basic_fp16_fwdbwd", "backbone8x_amp_train_step", "subm_c256_fp16_fwd", "subm_c256_fp16_bwd",
          "subm_c128_fp16_fwd", "subm_c64_fp16_fwd")
@@ -310,7 +318,9 @@ def run_library(lib: str, inputs_path: str, device_name: str, dry: bool, peers: 
     """{case: ms or None}, {case: why} for one library in this process; cases not started by ``deadline``
     (time.time()) are null."""
     import torch
-    if lib == "ours":
+    if lib in ("ours", "ours_sm80"):
+        if lib == "ours_sm80":
+            os.environ["SPCONV_FUSED_SM80"] = "1"  # read by the kernels' launchers at every launch
         sys.path.insert(0, REPO)
         import spconv.pytorch as sp
     elif lib == "spconv_triton":
@@ -324,6 +334,9 @@ def run_library(lib: str, inputs_path: str, device_name: str, dry: bool, peers: 
     warmup, iters = (1, 1) if dry else (5, 20)
     times, why = {}, {}
     for name in CASES:
+        if lib == "ours_sm80" and not sm80_case(name):
+            times[name] = None
+            continue
         if time.time() > deadline:
             times[name], why[name] = None, "not run: the time budget was spent"
             continue
@@ -389,10 +402,12 @@ def format_table(result: dict) -> str:
 
     lines = [f"device peers on {result['gpu']} at {result['commit'][:12]} (ms, median; ratio = ours / theirs, "
              "below 1 is faster)",
-             f"{'case':<28} {'ours':>10} {'spconv238':>10} {'triton':>10} {'/238':>10} {'/triton':>10}"]
+             f"{'case':<28} {'ours':>10} {'spconv238':>10} {'triton':>10} {'/238':>10} {'/triton':>10} "
+             f"{'ours sm80':>10} {'/faster':>10}"]
     for c in result["cases"]:
-        o, a, t = c["ours_ms"], c["spconv238_ms"], c["spconv_triton_ms"]
-        lines.append(f"{c['name']:<28} {ms(o)} {ms(a)} {ms(t)} {ratio(o, a)} {ratio(o, t)}")
+        o, a, t, s8 = c["ours_ms"], c["spconv238_ms"], c["spconv_triton_ms"], c.get("ours_sm80_ms")
+        peer = min((v for v in (a, t) if v is not None), default=None)
+        lines.append(f"{c['name']:<28} {ms(o)} {ms(a)} {ms(t)} {ratio(o, a)} {ratio(o, t)} {ms(s8)} {ratio(s8, peer)}")
     return "\n".join(lines)
 
 
@@ -429,10 +444,13 @@ def main(argv=None) -> int:
         inputs_path = os.path.join(tmp, "inputs.npz")
         save_inputs(make_inputs(a.scan, a.dry_run), inputs_path)
         for lib in LIBS:
-            if a.dry_run and lib != "ours":
+            if lib == "ours_sm80" and a.device != "cuda":
+                notes.append(f"{lib}: not run (NVIDIA GPUs only)")
+                continue
+            if a.dry_run and not lib.startswith("ours"):
                 notes.append(f"{lib}: not run (dry run)")
                 continue
-            why_not = "" if lib == "ours" else peer_importable(lib, peers)
+            why_not = "" if lib.startswith("ours") else peer_importable(lib, peers)
             if why_not:
                 notes.append(f"{lib}: {why_not}")
                 continue

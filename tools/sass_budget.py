@@ -1,13 +1,14 @@
 """The static budget of the pipelined tensor-core bodies, checked on the SASS nvcc makes (no GPU needed): part of
 tools/compile_check_gpu.sh, whose log shows the figures.
 
-For the fp16 and bf16 fused forward kernel built with its sm_80 body (SPCONV_FUSED_SM80), on sm_80 and sm_90a:
+For the fp16 and bf16 fused forward kernels that run the pipelined sm_80 body (the `Pipelined` instantiation,
+`fused_forward_kernel<T, true>`), on sm_80 and sm_90a:
   * every innermost loop that copies with cp.async (LDGSTS) and multiplies (HMMA), i.e. the main loop of each
     K-step shape, spends at most 8 instructions per m16n8k16 MMA, and the one with the most MMAs per iteration
     (the 64-channel K step, which every cin above 96 takes: the large layers) at most 4;
   * there is such a loop (the asynchronous copies are there);
   * the kernel uses no local memory: no spills, no LDL/STL.
-For the fp16 and bf16 dfilter kernel built the same way (its sm_80 body), on the same targets: the main loop with
+For the fp16 and bf16 dfilter kernels of the same instantiation (its sm_80 body), on the same targets: the main loop with
 the most MMAs per iteration (the pairs-mode step loop) at most 8 instructions per MMA, such a loop present, no
 local memory; its other main loops (the table mode's, a block-wide scan per step) are printed, not held.
 The scalar-copy path (channels not a multiple of 8: ordinary loads) is printed, not held.
@@ -25,11 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_loops  # noqa: E402
 
 SOURCE = os.path.join(sass_loops.REPO, "csrc", "hip", "fused_conv.cu")
-DEFINES = ["SPCONV_FUSED_SM80"]
+DEFINES = []
 LARGEST, OTHERS = 4.0, 8.0  # instructions per MMA: the largest K step's main loop, every other main loop
 # (kernel regex, budget of the main loop with the most MMAs, of the other main loops: None = not held)
-KERNELS = [(r"fused_forward_kernel<(__half|.*bf16)", LARGEST, OTHERS),
-           (r"dfilter_kernel<(__half|.*bf16)", 8.0, None)]
+KERNELS = [(r"fused_forward_kernel<(__half|[\w:]*bf16_t), true>", LARGEST, OTHERS),
+           (r"dfilter_kernel<(__half|[\w:]*bf16_t), true>", 8.0, None)]
 
 
 def check_kernel(name: str, ins, usage: str, largest: float = LARGEST, others=OTHERS):

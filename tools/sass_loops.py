@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument("--kernel", default=".", help="regex on the demangled kernel name")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("-D", "--define", action="append", default=[], metavar="NAME[=VALUE]",
-                    help="a macro for the compile (repeatable), e.g. -D SPCONV_FUSED_SM80")
+                    help="a macro for the compile (repeatable), e.g. -D NDEBUG")
     args = ap.parse_args()
     sass, usage = disassemble(args.source, args.arch, args.define)
     ks = kernels(sass)

@@ -17,6 +17,7 @@
 #include <mma.h>
 #endif
 
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -340,9 +341,9 @@ __device__ __forceinline__ void mfma_store(const mfma_float4 (&acc)[4], float (*
 #include "fused_conv_mfma.cuh"
 #endif
 
-// The pipelined sm_80 forward body: in the emulated sm80 variant, and in nvcc builds for sm_80+ that ask for it
-// with SPCONV_FUSED_SM80 (WMMA stays the default there until the body has run on a GPU).
-#if defined(SPCONV_DEVICE_SM80) && (defined(SPCONV_EMULATE_SM80) || defined(SPCONV_FUSED_SM80))
+// The pipelined sm_80 bodies (forward here, dfilter below): compiled wherever the sm_80 instructions are (nvcc
+// passes for sm_80 and later, beside WMMA; the emulated sm80 variant). Which one a launch takes: fused_pipelined.
+#if defined(SPCONV_DEVICE_SM80)
 #define SPCONV_FORWARD_SM80 1
 #include "fused_conv_sm80.cuh"
 #endif
@@ -362,14 +363,15 @@ __device__ __forceinline__ void mfma_store(const mfma_float4 (&acc)[4], float (*
 #define SPCONV_RUN_BODY(name, T, a) name##_simt<T>(a)
 #endif
 
-template <typename T>
+// Pipelined: the pipelined sm_80 body for 16-bit types where this pass compiled it (elsewhere the same body as
+// the other instantiation; the host launches it only where fused_pipelined says so).
+template <typename T, bool Pipelined>
 __global__ void __launch_bounds__(kThreads) fused_forward_kernel(FwdArgs a) {
 #if defined(SPCONV_FORWARD_SM80)
-  if constexpr (!std::is_same<T, float>::value) forward_sm80<T>(a);
-  else forward_simt<T>(a);
-#else
-  SPCONV_RUN_BODY(forward, T, a);
+  if constexpr (Pipelined && !std::is_same<T, float>::value) forward_sm80<T>(a);
+  else
 #endif
+    SPCONV_RUN_BODY(forward, T, a);
 }
 
 // ---- dfilter: 64 (cin) x 64 (cout) tile of dW[k] per block, one split-K chunk of the pairs ----
@@ -773,6 +775,20 @@ __device__ __forceinline__ void df_sm80_copy(const DfSm80Feed& f, int32_t ri, in
   }
 }
 
+// acc[mi][nj] += A fragment mi (rows 16 mi..) times the n8 tile nj of B (registers bf[2 nj], bf[2 nj + 1]): the
+// four mma.sync of the dfilter body's 32x16 warp tile in one 16-deep slice.
+template <typename T>
+__device__ __forceinline__ void warp_tile_mma(const uint32_t (&af)[2][4], const uint32_t (&bf)[4],
+                                              float (&acc)[2][2][4]) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < 2; ++nj) {
+      const uint32_t b2[2] = {bf[2 * nj], bf[2 * nj + 1]};
+      tc::mma_m16n8k16<T>(acc[mi][nj], af[mi], b2);
+    }
+}
+
 // One step's multiplies out of `stage`: per 16-deep slice of pairs, acc[mi][nj] += the warp's 32 x 16 slice of
 // As^T (rows = ci) times Bs. fa, fb: this lane's ldmatrix rows in stage 0 (see df_sm80_fragment_rows).
 template <typename T>
@@ -928,14 +944,13 @@ __device__ void dfilter_sm80(const DfArgs& a) {
 }
 #endif  // SPCONV_FORWARD_SM80
 
-template <typename T>
+template <typename T, bool Pipelined>
 __global__ void __launch_bounds__(kThreads) dfilter_kernel(DfArgs a) {
 #if defined(SPCONV_FORWARD_SM80)
-  if constexpr (!std::is_same<T, float>::value) dfilter_sm80<T>(a);
-  else dfilter_simt<T>(a);
-#else
-  SPCONV_RUN_BODY(dfilter, T, a);
+  if constexpr (Pipelined && !std::is_same<T, float>::value) dfilter_sm80<T>(a);
+  else
 #endif
+    SPCONV_RUN_BODY(dfilter, T, a);
 }
 
 template <typename T>
@@ -1035,6 +1050,54 @@ inline int vector_loads_ok(bool k16, int64_t cin, int64_t cout, const void* p, c
          reinterpret_cast<uintptr_t>(q) % 16 == 0;
 }
 
+// Builds whose fused kernels hold the pipelined sm_80 bodies: CUDA (in the code for sm_80 and later) and the
+// emulated sm80 variant. Elsewhere only the other instantiation exists.
+#if defined(SPCONV_CUDA) || defined(SPCONV_EMULATE_SM80)
+#define SPCONV_HAS_PIPELINED 1
+#endif
+
+// Whether this launch takes the pipelined sm_80 bodies for 16-bit types. SPCONV_FUSED_SM80=1 asks for them and
+// =0 refuses them, read at every launch (a switch for checks and measurements, no rebuild); unset, the build's
+// default: on in the emulated sm80 variant (its only tensor-core body), off on NVIDIA GPUs, where WMMA stays the
+// default until the pipelined bodies have run on one. On CUDA only devices of compute capability 8.0 and later
+// take them (older ones have no such code; their kernels would run the other body anyway).
+[[maybe_unused]] bool fused_pipelined() {
+#if defined(SPCONV_HAS_PIPELINED)
+  const char* env = std::getenv("SPCONV_FUSED_SM80");
+#if defined(SPCONV_EMULATE_SM80)
+  return !(env && env[0] == '0');
+#else
+  if (!(env && env[0] == '1')) return false;
+  int dev = 0, major = 0;
+  if (hipGetDevice(&dev) != hipSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != hipSuccess)
+    return false;
+  return major >= 8;
+#endif
+#else
+  return false;
+#endif
+}
+
+// The instantiation a launch takes: the pipelined one for 16-bit types where this build holds it and
+// fused_pipelined says so (FP32 has only the other).
+template <typename T>
+auto forward_kernel() {
+#if defined(SPCONV_HAS_PIPELINED)
+  if constexpr (!std::is_same<T, float>::value)
+    if (fused_pipelined()) return &fused_forward_kernel<T, true>;
+#endif
+  return &fused_forward_kernel<T, false>;
+}
+template <typename T>
+auto dfilter_kernel_for() {
+#if defined(SPCONV_HAS_PIPELINED)
+  if constexpr (!std::is_same<T, float>::value)
+    if (fused_pipelined()) return &dfilter_kernel<T, true>;
+#endif
+  return &dfilter_kernel<T, false>;
+}
+
 template <typename T>
 int launch_forward(FwdArgs a, int num_splits, hipStream_t stream) {
   const int64_t row_tiles = (a.n_out + BM - 1) / BM, col_tiles = (a.cout + BN - 1) / BN;
@@ -1042,6 +1105,7 @@ int launch_forward(FwdArgs a, int num_splits, hipStream_t stream) {
   if (a.cin > 0x7fffffffLL - BK) return static_cast<int>(hipErrorInvalidValue);  // the sm80 body counts in int
   const int32_t* masks = a.masks;
   const int32_t* order = a.order;
+  const auto kernel = forward_kernel<T>();
   for (int s = 0; s < num_splits; ++s) {
     a.k0 = static_cast<int>(s * a.kvol / num_splits);
     a.k1 = static_cast<int>((s + 1) * a.kvol / num_splits);
@@ -1051,7 +1115,7 @@ int launch_forward(FwdArgs a, int num_splits, hipStream_t stream) {
     a.order = order + s * a.n_out;
     a.accumulate = s > 0;
     dim3 grid(static_cast<unsigned int>(row_tiles), static_cast<unsigned int>(col_tiles));
-    launch_kernel(fused_forward_kernel<T>, grid, kThreads, 0, stream, a);
+    launch_kernel(kernel, grid, kThreads, 0, stream, a);
     SPCONV_RETURN_IF_ERROR(last_launch_error());
   }
   return 0;
@@ -1078,7 +1142,7 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
   a.ws = ws;
   dim3 grid(static_cast<unsigned int>(tiles_ci * tiles_co), static_cast<unsigned int>(splits),
             static_cast<unsigned int>(kvol));
-  launch_kernel(dfilter_kernel<T>, grid, kThreads, 0, stream, a);
+  launch_kernel(dfilter_kernel_for<T>(), grid, kThreads, 0, stream, a);
   SPCONV_RETURN_IF_ERROR(last_launch_error());
   const int64_t total = kvol * cin * cout;
   launch_kernel(dfilter_reduce_kernel<T>, grid_1d(total, kThreads), kThreads, 0, stream, ws, kvol, cin * cout,
@@ -1111,7 +1175,7 @@ int launch_dfilter_table(const void* x, const void* dy, const int32_t* table, in
     a.ws = ws;
     dim3 grid(static_cast<unsigned int>(tiles_ci * tiles_co), static_cast<unsigned int>(splits_max),
               static_cast<unsigned int>(kvol));
-    launch_kernel(dfilter_kernel<T>, grid, kThreads, 0, stream, a);
+    launch_kernel(dfilter_kernel_for<T>(), grid, kThreads, 0, stream, a);
     SPCONV_RETURN_IF_ERROR(last_launch_error());
   }
   if (!dw && !wt) return 0;
@@ -1190,12 +1254,18 @@ int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pa
 
 namespace {
 // Which 16-bit body this device runs: the kernel is compiled by the same target rules as the forward kernel,
-// so the code the runtime picks for the device (its own binary, or PTX compiled for it) answers. Under the HIP
-// CPU runtime that is the body compiled in: an emulated WMMA/MFMA variant answers wmma/mfma, the plain one simt.
+// so the code the runtime picks for the device (its own binary, or PTX compiled for it) answers, for the
+// instantiation the forward launch would take. Under the HIP CPU runtime that is the body compiled in: an
+// emulated WMMA/MFMA variant answers wmma/mfma, the plain one simt, the sm80 one sm80 (simt with SPCONV_FUSED_SM80=0).
+template <bool Pipelined>
 __global__ void forward_body_kernel(int32_t* out) {
 #if defined(SPCONV_FORWARD_SM80)
-  out[0] = 3;
-#elif defined(SPCONV_DEVICE_WMMA)
+  if (Pipelined) {
+    out[0] = 3;
+    return;
+  }
+#endif
+#if defined(SPCONV_DEVICE_WMMA)
   out[0] = 1;
 #elif defined(SPCONV_DEVICE_MFMA)
   out[0] = 2;
@@ -1206,7 +1276,12 @@ __global__ void forward_body_kernel(int32_t* out) {
 }  // namespace
 
 int fused_forward_body(int32_t* out, void* stream) {
-  launch_kernel(forward_body_kernel, dim3(1), dim3(1), 0, static_cast<hipStream_t>(stream), out);
+#if defined(SPCONV_HAS_PIPELINED)
+  const auto kernel = fused_pipelined() ? &forward_body_kernel<true> : &forward_body_kernel<false>;
+#else
+  const auto kernel = &forward_body_kernel<false>;
+#endif
+  launch_kernel(kernel, dim3(1), dim3(1), 0, static_cast<hipStream_t>(stream), out);
   return last_launch_error();
 }
 

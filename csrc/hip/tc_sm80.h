@@ -3,8 +3,9 @@
 //   ldmatrix<N, Trans> ldmatrix.sync.aligned.m8n8.x{1,2,4}{,.trans}.shared.b16
 //   cp_async<Bytes>  cp.async.ca.shared.global (4, 8, 16 bytes) / .cg (16 bytes), src-size zero-fill
 //   cp_async_commit, cp_async_wait_group<N>, cp_async_wait_all
+//   warp_any         vote.sync.any.pred over the 32 lanes of the warp
 // nvcc for sm_80 and later: inline PTX. HIP-CPU build with SPCONV_EMULATE_SM80: the emulators of csrc/hip/emu
-// (mma_sync_emu.h, ldmatrix_emu.h, cp_async_emu.h; their comments state the fragment layouts). Either way
+// (mma_sync_emu.h, ldmatrix_emu.h, cp_async_emu.h, vote_emu.h; their comments state the layouts). Either way
 // SPCONV_DEVICE_SM80 is defined; elsewhere (other targets, the host pass) nothing here is declared.
 // Include after hip_compat.h.
 #pragma once
@@ -18,6 +19,7 @@
 #include "emu/cp_async_emu.h"
 #include "emu/ldmatrix_emu.h"
 #include "emu/mma_sync_emu.h"
+#include "emu/vote_emu.h"
 #define SPCONV_DEVICE_SM80 1
 #endif
 
@@ -131,6 +133,24 @@ __device__ __forceinline__ void cp_async_wait_all() {
   spconv_emu::cp_async_wait_all();
 #endif
 }
+
+// Whether p holds in any lane of this thread's warp; every lane of the warp calls it.
+__device__ __forceinline__ bool warp_any(bool p) {
+#if defined(SPCONV_SM80_PTX)
+  return __any_sync(0xffffffffu, p);
+#else
+  return spconv_emu::vote_any(p);
+#endif
+}
+
+// How a warp leaves out the multiplies of a step it has no rows for. On the GPU a branch skips them. The
+// emulated instructions exchange lanes through block barriers, so there every warp makes every call and an
+// idle warp's products go to a scratch accumulator instead: the same bits as the branch.
+#if defined(SPCONV_SM80_PTX)
+constexpr bool kSkipByBranch = true;
+#else
+constexpr bool kSkipByBranch = false;
+#endif
 
 }  // namespace tc
 }  // namespace gpu

@@ -3,9 +3,9 @@
 The forward kernel (csrc/hip/fused_conv.cu) gives each block TILE_ROWS rows, consecutive in one split's mask
 order, and walks every offset whose mask bit is set in the OR of their masks; for each it gathers all the
 block's rows. So a tile pays TILE_ROWS rows per offset it walks (``tile`` ratio: gathers and barriers).
-Inside the tile a WMMA warp multiplies GROUP_ROWS rows and skips an offset where none of them has a source
-(``mma`` ratio: its multiply-adds; the SIMT body skips per thread's 4 rows, finer; the MFMA and sm_80 bodies
-multiply every row of the tile, so for them the ``tile`` ratio applies).
+Inside the tile a WMMA or pipelined sm_80 warp multiplies GROUP_ROWS rows and skips an offset where none of them
+has a source (``mma`` ratio: its multiply-adds; the SIMT body skips per thread's 4 rows, finer; the MFMA body
+multiplies every row of the tile, so for it the ``tile`` ratio applies).
 Useful work is one row per neighbour pair. Both ratios count rows; channel padding is not counted.
 
 The tables are the route's own (``_fused.fused_tables``, ``_fused.dinput_tables``: built and cached on the map as

@@ -10,6 +10,8 @@
 //   mma_sync_emu_test cp_async_groups n in.bin out.bin     (one block of n threads, see groups_kernel)
 //   mma_sync_emu_test cp_async_ring n chunks lag barrier in.bin out.bin   (see ring_kernel)
 //   mma_sync_emu_test cp_async_bad what                     (misaligned / wrong size: must abort)
+//   mma_sync_emu_test vote warps in.bin out.bin
+//     in: a predicate per thread [warps][32] i32; out: warp_any's result per thread [warps][32] i32.
 #include "hip_compat.h"
 
 #include <cstdio>
@@ -125,6 +127,10 @@ __global__ void bad_kernel(int what, const uint32_t* src) {
   tc::cp_async_wait_all();
 }
 
+__global__ void vote_kernel(const int32_t* p, int32_t* out) {
+  out[threadIdx.x] = tc::warp_any(p[threadIdx.x] != 0) ? 1 : 0;
+}
+
 namespace {
 
 template <typename V>
@@ -200,6 +206,18 @@ int run_groups(int argc, char** argv) {
   return write_out(argv[4], out);
 }
 
+int run_vote(int argc, char** argv) {
+  if (argc != 5) return 2;
+  const int warps = std::atoi(argv[2]);
+  if (warps < 1 || warps > 8) return 2;
+  std::vector<int32_t> p(size_t(warps) * 32), out(p.size());
+  FILE* f = std::fopen(argv[3], "rb");
+  if (!f || !read_file(f, p)) return 3;
+  std::fclose(f);
+  launch(vote_kernel, 32 * warps, static_cast<const int32_t*>(p.data()), out.data());
+  return write_out(argv[4], out);
+}
+
 int run_ring(int argc, char** argv) {
   if (argc != 8) return 2;
   const int n = std::atoi(argv[2]), chunks = std::atoi(argv[3]), lag = std::atoi(argv[4]), barrier = std::atoi(argv[5]);
@@ -226,6 +244,7 @@ int main(int argc, char** argv) {
   else if (mode == "ldmatrix") rc = run_ldmatrix(argc, argv);
   else if (mode == "cp_async_groups") rc = run_groups(argc, argv);
   else if (mode == "cp_async_ring") rc = run_ring(argc, argv);
+  else if (mode == "vote") rc = run_vote(argc, argv);
   else if (mode == "cp_async_bad" && argc == 3) {
     std::vector<uint32_t> src(16, 1u);
     launch(bad_kernel, 1, std::atoi(argv[2]), static_cast<const uint32_t*>(src.data()));

@@ -1,4 +1,5 @@
-"""The sm_80 instruction emulators (csrc/hip/emu/mma_sync_emu.h, ldmatrix_emu.h, cp_async_emu.h via tc_sm80.h).
+"""The sm_80 instruction emulators (csrc/hip/emu/mma_sync_emu.h, ldmatrix_emu.h, cp_async_emu.h, vote_emu.h via
+tc_sm80.h).
 
 Layouts stated here on their own, from the PTX ISA (lane l, g = l // 4, t = l % 4, low half of a .b32 first):
  - mma.m16n8k16 (fp16 / bf16): A reg j holds A[g + 8 (j % 2)][8 (j // 2) + 2 t + h], B reg j holds
@@ -232,3 +233,21 @@ def test_cp_async_pipeline_needs_wait_and_barrier(exe, tmp_path, lag, barrier, r
 def test_cp_async_checks(exe, what, message):
     r = run_program(exe, "cp_async_bad", what, expect_ok=False)
     assert r.returncode != 0 and message in r.stderr
+
+
+def test_vote_any(exe, tmp_path):
+    """vote.sync.any over each warp of 32 lanes (the runtime's own wavefront is 64 wide): warps with no lane, one
+    lane (the first, the last, in between), several and every lane set; each lane receives its warp's answer."""
+    rng = np.random.default_rng(5)
+    p = np.zeros((8, 32), dtype=np.int32)
+    p[1, 0] = 1
+    p[2, 31] = 1
+    p[3, 17] = 7
+    p[4] = rng.integers(0, 2, 32)
+    p[5] = 1
+    p[7, 3] = -1
+    p.tofile(tmp_path / "in.bin")
+    run_program(exe, "vote", 8, tmp_path / "in.bin", tmp_path / "out.bin")
+    got = np.fromfile(tmp_path / "out.bin", dtype=np.int32).reshape(8, 32)
+    want = np.broadcast_to((p != 0).any(axis=1)[:, None], (8, 32)).astype(np.int32)
+    np.testing.assert_array_equal(got, want)
