@@ -1,8 +1,9 @@
 """The GPU builder of regular, transposed and pooling kernel maps (get_indice_pairs with subm=False: four kernels, a
 sort, a scan and one host read; csrc/hip/kernel_map.cu), wherever the GPU code runs (``gpu_place``: the HIP CPU
 build, in both thread orders of a block, and a GPU when there is one): every output of the CPU route bit for bit
-(output rows in first-seen order, pairs by offset then input row, the table, map_info); the CPU route's errors.
-On the HIP CPU build alone: the launch and host-wait budget of the build (its launch ledger)."""
+(output rows in first-seen order, pairs by offset then input row, the table, map_info); the CPU route's errors;
+strided_kernel_map's out->in table (the same map, plus the table the fused forward and the pools read). On the
+HIP CPU build alone: the launch and host-wait budget of the build (its launch ledger)."""
 import pytest
 import torch
 
@@ -63,6 +64,33 @@ def test_equal_to_the_cpu_route(name, gpu_place):
         assert not bool(ref[4][-1] & 1)  # repeated coordinates: map_info's repeat-free flag is clear
 
 
+def out_table_of(pair_in, pair_out, pair_offsets, num_out):
+    """[num_out, kvol]: the input of each output's pair through each offset (-1: none), from the pairs."""
+    kvol = pair_offsets.numel() - 1
+    table = torch.full((num_out, kvol), -1, dtype=torch.int32)
+    k = torch.repeat_interleave(torch.arange(kvol), pair_offsets.diff())
+    table[pair_out.long(), k] = pair_in
+    return table
+
+
+@per_place("name", in_both_orders(sorted(GEOMETRIES), sorted(GEOMETRIES)), ids=str)
+def test_strided_kernel_map_tables(name, gpu_place):
+    """get_indice_pairs' map and the out->in table from the pairs; none ([0, kvol]) where coordinates repeat."""
+    idx, args = geometry(name)
+    ref = cpu.get_indice_pairs(idx, *args)
+    batch, shape, out_shape, ksize, stride, padding, dilation, _, transpose = args
+    got = gpu_place.ops.strided_kernel_map(gpu_place.to(idx), batch, shape, out_shape, ksize, stride, padding,
+                                           dilation, transpose)
+    assert_same_map(got[:6], ref)
+    table = got[6].cpu()
+    kvol = ref[3].numel() - 1
+    if GEOMETRIES[name][8]:
+        assert table.shape == (0, kvol)
+    else:
+        assert table.dtype == torch.int32
+        assert torch.equal(table, out_table_of(ref[1], ref[2], ref[3], ref[0].shape[0]))
+
+
 def test_large_grid_64bit_keys(gpu_place):
     """batch x grid above 2^32: the input and output keys need 64 bits."""
     shape = [3000, 3000, 1000]
@@ -98,6 +126,19 @@ def test_build_budget(transpose, hip_cpu):
     out_shape = out_shape_of(shape, [3] * 3, [2] * 3, [1] * 3, [1] * 3, transpose)
     args = (idx, 2, shape, out_shape, [3] * 3, [2] * 3, [1] * 3, [1] * 3, False, transpose)
     c = count(hip_cpu, lambda: hip_cpu.get_indice_pairs(*args))
+    assert c["kernels"] == 4, c
+    assert c["kernels"] + c["aten"] + c["waits"] <= 8, c
+    assert c["waits"] == 1, c
+
+
+def test_strided_kernel_map_budget(hip_cpu):
+    """get_indice_pairs' build and one fill more (the out->in table, written by its last kernel): at most 8
+    launches with the host read, which stays the only one."""
+    shape = [12, 11, 10]
+    idx = coords(shape, 2, 300, seed=5)
+    args = (idx, 2, shape, out_shape_of(shape, [3] * 3, [2] * 3, [1] * 3, [1] * 3, False), [3] * 3, [2] * 3, [1] * 3,
+            [1] * 3, False)
+    c = count(hip_cpu, lambda: hip_cpu.strided_kernel_map(*args))
     assert c["kernels"] == 4, c
     assert c["kernels"] + c["aten"] + c["waits"] <= 8, c
     assert c["waits"] == 1, c

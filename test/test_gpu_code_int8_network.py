@@ -30,7 +30,8 @@ def _run(place, model, inputs, native=False):
 
 def _maps_read(place, names):
     """The maps read on the host: every regular map when built, a submanifold one when its pairs are first used."""
-    return names.count(place.ops.name + "::get_indice_pairs") + names.count(place.ops.name + "::subm_map_pairs")
+    return sum(names.count(place.ops.name + "::" + op)
+               for op in ("get_indice_pairs", "strided_kernel_map", "subm_map_pairs"))
 
 
 def _check_gpu_routes(place, converted, inputs, n_convs, float_tail=False):

@@ -204,8 +204,8 @@ def gpu_run(place, net, x, dtype, force_native):
         constants.SPCONV_FORCE_NATIVE = old
     what = "native GPU route" if force_native else "fused GPU route"
     ran = {e.name for e in prof.events()}
-    expect = ["get_indice_pairs"] + (["indice_conv", "indice_conv_backward"] if force_native else
-                                     ["fused_conv", "fused_conv_backward"])
+    expect = ["strided_kernel_map"] + (["indice_conv", "indice_conv_backward"] if force_native else
+                                       ["fused_conv", "fused_conv_backward"])
     assert {place.ops.name + "::" + op for op in expect} <= ran, (what, sorted(n for n in ran if "spconv" in n))
     if place.name == "hip_cpu":  # the GPU code's ops have their own namespace there
         assert not any(n.startswith("spconv::") for n in ran), what  # nothing fell back to the CPU route

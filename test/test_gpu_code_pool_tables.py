@@ -94,15 +94,23 @@ def test_submanifold_pool_never_reads_the_pairs(gpu_place, maximum):
 # The HIP CPU build alone: its launch ledger counts the project's launches.
 @pytest.mark.parametrize("maximum", [True, False], ids=["max", "avg"])
 def test_one_launch_each_way_on_a_cached_map(hip_cpu, maximum):
-    """The ledger's pool_cached row: 1 launch forward, 1 backward (ours + ATen), no host wait; the first pool
-    on the map makes the missing table once (one fill and one launch), never again."""
+    """The ledger's pool_cached row: 1 launch forward, 1 backward (ours + ATen), no host wait. The map's builder
+    wrote both tables, so the first pool on it is one launch too; on a map that lacks its out->in table the first
+    pool makes it once (one fill and one transpose), never again."""
     idx, out, maps = kernel_map(Place("hip_cpu", hip_cpu), 3, n=300, ksize=2, stride=2, padding=0, seed=5)
     x = features(idx.shape[0], 8, torch.float32).requires_grad_(True)
     fn = sp_ops.indice_maxpool_native if maximum else lambda *a: sp_ops.indice_avgpool_native(*a)[0]
     ledger = Ledger(hip_cpu)
     with _backend.gpu_code_on_cpu(hip_cpu.name):
+        assert maps.out_table is not None and maps.in_table is not None
         first, _, _ = ledger.count(lambda: fn(x, maps, out.shape[0]))
-        assert (first.total_launches, first.host_waits) == (3, 0)  # the out table: fill + transpose; the pool
+        assert (first.total_launches, first.host_waits) == (1, 0)
+        _, _, bare = kernel_map(Place("hip_cpu", hip_cpu), 3, n=300, ksize=2, stride=2, padding=0, seed=5)
+        bare.out_table = None
+        made, _, _ = ledger.count(lambda: fn(x, bare, out.shape[0]))
+        assert (made.total_launches, made.host_waits) == (3, 0)  # the out table: fill + transpose; the pool
+        again, _, _ = ledger.count(lambda: fn(x, bare, out.shape[0]))
+        assert (again.total_launches, again.host_waits) == (1, 0)
         fwd, _, y = ledger.count(lambda: fn(x, maps, out.shape[0]))
         g = torch.ones_like(y)
         bwd, _, _ = ledger.count(lambda: y.backward(g))

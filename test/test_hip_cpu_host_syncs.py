@@ -1,5 +1,5 @@
 """The GPU path synchronises with the host at most once per kernel map it builds, and never per layer:
-get_indice_pairs makes one device->host copy (its checks, the output count and the pairs per offset, returned as
+get_indice_pairs (strided_kernel_map for a layer) makes one device->host copy (its checks, the output count and the pairs per offset, returned as
 map_info; a submanifold map built for a layer makes it when its pairs are first used: subm_map_pairs), and
 the convolutions, pools, fused tables and backward passes that use the map check it on the host from map_info.
 Counted on the GPU code run on the CPU (HIP CPU build): the glue's copies (host_copy_count) and, from the
@@ -46,7 +46,8 @@ def counted_run(hip_cpu, net, x):
         out = net(spconv.SparseConvTensor(feats, x.indices, x.spatial_shape, x.batch_size))
         out.features.square().sum().backward()
     names = [e.name for e in prof.events()]
-    maps_built = names.count(hip_cpu.name + "::get_indice_pairs") + names.count(hip_cpu.name + "::subm_kernel_map")
+    maps_built = sum(names.count(hip_cpu.name + "::" + op)
+                     for op in ("get_indice_pairs", "strided_kernel_map", "subm_kernel_map"))
     return _backend.debug_library(hip_cpu).host_copy_count() - before, maps_built, sorted(n for n in names if n in SYNCING_OPS), names
 
 
@@ -75,13 +76,13 @@ def test_one_host_copy_per_map_none_per_layer(hip_cpu, force_native):
     assert copies == maps_built - (0 if force_native else 1)
     assert not syncing, syncing
     if not force_native:
-        # Nothing built twice: the fused tables of s1 and s3 (forward, with their masks and order) and of d1 and
-        # p1 reversed (d1's dinput, the inverse convs' forwards) are the map builders' own; the SubM convs' dinput
-        # reads their forward tables mirrored; only d1's and p1's forward tables and s1's reversed one (the
-        # grouped conv's) come from the pairs (each once: the inverse convs' dinput reuses d1's and p1's).
+        # Nothing built twice: the fused tables of s1 and s3 (forward, with their masks and order), of d1 and p1
+        # (the strided builder writes both directions) and of d1 and p1 reversed (d1's dinput, the inverse convs'
+        # forwards) are the map builders' own; the SubM convs' dinput reads their forward tables mirrored; only
+        # s1's reversed one (the grouped conv's) comes from the pairs.
         count = {op: names.count(hip_cpu.name + "::" + op)
                  for op in ("fused_map_masks", "build_fused_map", "subm_map_pairs")}
-        assert count == {"fused_map_masks": 2, "build_fused_map": 3, "subm_map_pairs": 1}, count
+        assert count == {"fused_map_masks": 4, "build_fused_map": 1, "subm_map_pairs": 1}, count
 
 
 def test_ops_without_map_info_check_on_the_device(hip_cpu):

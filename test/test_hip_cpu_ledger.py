@@ -24,21 +24,21 @@ BUDGETS = {
     ("fused", "subm_cached", "backward"): (4, 0),  # the first backward on a map too: it runs on the map's table
     # (dfilter, mirrored dinput) and never reads the pairs
     ("fused", "subm_build", "backward"): (4, 0),
-    ("fused", "strided_map", "forward"): (6, 1),
-    # its map, the fused tables' masks and order, the dinput table's (made here when the input needs a gradient,
-    # so that the first backward is the backward op's launches alone), the conv
-    ("fused", "strided_build", "forward"): (17, 1),
+    ("fused", "strided_map", "forward"): (7, 1),
+    # its map (with both tables), the fused tables' masks and order, the dinput table's (made here when the input
+    # needs a gradient, so that the first backward is the backward op's launches alone), the conv
+    ("fused", "strided_build", "forward"): (16, 1),
     ("fused", "strided_build", "backward"): (4, 0),
     ("fused", "strided_cached", "forward"): (2, 0),
     ("fused", "strided_cached", "backward"): (4, 0),
-    ("fused", "pool_map", "forward"): (6, 1),
-    ("fused", "pool_build", "forward"): (9, 1),  # its map, the out table once (a fill, a transpose), the pool
+    ("fused", "pool_map", "forward"): (7, 1),
+    ("fused", "pool_build", "forward"): (8, 1),  # its map (the out table's fill among them), the pool
     ("fused", "pool_build", "backward"): (1, 0),
     ("fused", "pool_cached", "forward"): (1, 0),
     ("fused", "pool_cached", "backward"): (1, 0),
     # each pool's map read also carries the statuses of the SubM maps before it (one concatenation each)
-    ("fused", "network_map", "forward"): (77, 6),
-    ("fused", "network", "forward"): (123, 6),
+    ("fused", "network_map", "forward"): (83, 6),
+    ("fused", "network", "forward"): (117, 6),
     ("fused", "network", "backward"): (61, 0),
     ("native", "subm_map", "forward"): (3, 0),
     ("native", "subm_build", "forward"): (45, 1),  # the map's position tables once (2 each)
@@ -46,18 +46,18 @@ BUDGETS = {
     ("native", "subm_cached", "backward"): (58, 0),  # two GEMMs per offset (dinput, dfilter), two gathers,
     # one sum, the bias's gradient
     ("native", "subm_build", "backward"): (58, 0),
-    ("native", "strided_map", "forward"): (6, 1),
-    ("native", "strided_build", "forward"): (39, 1),
+    ("native", "strided_map", "forward"): (7, 1),
+    ("native", "strided_build", "forward"): (40, 1),
     ("native", "strided_build", "backward"): (58, 0),
     ("native", "strided_cached", "forward"): (29, 0),
     ("native", "strided_cached", "backward"): (58, 0),
-    ("native", "pool_map", "forward"): (6, 1),
-    ("native", "pool_build", "forward"): (9, 1),
+    ("native", "pool_map", "forward"): (7, 1),
+    ("native", "pool_build", "forward"): (8, 1),
     ("native", "pool_build", "backward"): (1, 0),
     ("native", "pool_cached", "forward"): (1, 0),
     ("native", "pool_cached", "backward"): (1, 0),
-    ("native", "network_map", "forward"): (57, 6),
-    ("native", "network", "forward"): (536, 13),
+    ("native", "network_map", "forward"): (63, 6),
+    ("native", "network", "forward"): (530, 13),
     ("native", "network", "backward"): (782, 0),
 }
 

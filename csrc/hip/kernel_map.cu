@@ -6,7 +6,8 @@
 // smallest visit per slot (atomic min); an output's id is then the number of first visits before its own, and a
 // pair's position the number of hits before it in (offset, input row) order: one prefix sum over both flag
 // arrays gives both. Every result is an integer written once, a sum or a minimum: deterministic whatever the
-// thread schedule. No warp-level code.
+// thread schedule (the optional out->in table is written only for maps without duplicate coordinates, where
+// each of its entries has one input). No warp-level code.
 #include "hip_compat.h"
 
 #include <climits>
@@ -113,7 +114,7 @@ __global__ void map_flags_kernel(const int64_t* order, int64_t n, int64_t kvol, 
 
 __global__ void map_write_kernel(const int64_t* order, const int64_t* scan, int64_t n, ConvGeometry g,
                                  int64_t num_out, ConvMapBuffers b, int32_t* table, int32_t* pair_in,
-                                 int32_t* pair_out, int32_t* out_indices) {
+                                 int32_t* pair_out, int32_t* out_indices, int32_t* out_table) {
   const int w = g.ndim + 1;
   const int64_t kvol = g.kvol, total = n * kvol, npairs = b.offsets[kvol];
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < total; v += int64_t(gridDim.x) * blockDim.x) {
@@ -138,6 +139,7 @@ __global__ void map_write_kernel(const int64_t* order, const int64_t* scan, int6
         pair_in[p] = static_cast<int32_t>(row);
         pair_out[p] = id;
       }
+      if (out_table && id >= 0 && id < num_out) out_table[int64_t(id) * kvol + k] = static_cast<int32_t>(row);
     }
     table[row * kvol + k] = id;
   }
@@ -179,10 +181,10 @@ int conv_map_flags(const int64_t* order, int64_t n, int64_t kvol, const ConvMapB
 
 int conv_map_write(const int64_t* order, const int64_t* scan, int64_t n, const ConvGeometry& g, int64_t num_out,
                    const ConvMapBuffers& b, int32_t* table, int32_t* pair_in, int32_t* pair_out,
-                   int32_t* out_indices, void* stream) {
+                   int32_t* out_indices, int32_t* out_table, void* stream) {
   if (n <= 0 || g.kvol <= 0) return 0;
   launch_kernel(map_write_kernel, grid_1d(n * g.kvol, kThreads), kThreads, 0, static_cast<hipStream_t>(stream),
-      order, scan, n, g, num_out, b, table, pair_in, pair_out, out_indices);
+      order, scan, n, g, num_out, b, table, pair_in, pair_out, out_indices, out_table);
   return last_launch_error();
 }
 

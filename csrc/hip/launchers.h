@@ -47,9 +47,11 @@ int conv_map_flags(const int64_t* order, int64_t n, int64_t kvol, const ConvMapB
 // 4) scan = inclusive prefix sum of flags: output ids in first-seen order (scan[first visit] - 1) and pair
 // positions (offsets ascending, input rows ascending within an offset). Writes table [n, kvol] (output id or -1),
 // pair_in / pair_out and out_indices [num_out, ndim + 1] (decoded with out_shape).
+// out_table (optional, [num_out, kvol] filled with -1 beforehand; only for maps without duplicate coordinates,
+// which have one input per entry): the input feeding each output through each offset.
 int conv_map_write(const int64_t* order, const int64_t* scan, int64_t n, const ConvGeometry& g, int64_t num_out,
                    const ConvMapBuffers& b, int32_t* table, int32_t* pair_in, int32_t* pair_out,
-                   int32_t* out_indices, void* stream);
+                   int32_t* out_indices, int32_t* out_table, void* stream);
 
 // ---- submanifold kernel maps (subm_map.cu): three kernels, no host read ----
 // status entries (int32): the smallest row whose batch index or coordinates lie outside the grid, the smallest

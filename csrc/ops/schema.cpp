@@ -34,6 +34,15 @@ SPCONV_SCHEMA(m) {
   // [kvol + 1] on the device, and status (int32 [4]: the device's checks of the indices). subm_map_pairs makes
   // the pairs and map_info from them with one device->host copy, raising what get_indice_pairs raises for bad
   // indices; its arguments must be subm_kernel_map's (the values are trusted, the shapes checked).
+  // The GPU's regular / transposed / pooling map (GPU glue only): get_indice_pairs' outputs (table: the in->out
+  // table [num_in, kvol]) and also the out->in table [num_out, kvol] (the input feeding each output through each
+  // offset, -1: none), which the fused forward and the pools read; [0, kvol] where the indices repeat a
+  // coordinate.
+  m.def(
+      "strided_kernel_map(Tensor indices, int batch_size, int[] spatial_shape, int[] out_shape, int[] ksize, "
+      "int[] stride, int[] padding, int[] dilation, bool transpose) "
+      "-> (Tensor out_indices, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, Tensor map_info, "
+      "Tensor in_table, Tensor out_table)");
   m.def(
       "subm_kernel_map(Tensor indices, int batch_size, int[] spatial_shape, int[] ksize, int[] dilation, "
       "int num_splits) -> (Tensor nbr, Tensor masks, Tensor order, Tensor pair_offsets, Tensor status)");

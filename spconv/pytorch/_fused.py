@@ -22,9 +22,9 @@ How it works
   split, or, with more splits, as a reversed copy with masks and order of its own; of a regular conv on the
   builder's in->out table (``maps.in_table``), whose masks and order the first backward makes (cached). So a
   SubM map's pairs are never read by the fused route.
-  Kernel bodies, picked by the compile target (never by a user flag): SIMT FMA on every GPU; for fp16/bf16
-  WMMA tensor cores on NVIDIA sm_80+ and MFMA on AMD gfx90a/gfx94x. ``torch.ops.spconv.fused_conv_path(x)``
-  tells which one runs.
+  Kernel bodies, picked by the compile target: SIMT FMA on every GPU; for fp16/bf16 WMMA tensor cores on NVIDIA
+  sm_80+ (or the pipelined sm_80 bodies with SPCONV_FUSED_SM80=1, read by the launcher at every launch) and MFMA
+  on AMD gfx90a/gfx94x. ``torch.ops.spconv.fused_conv_path(x)`` tells which one runs.
 
 Eligibility (``_route.fused_conv`` returns None otherwise and the caller takes the native route)
   * the features are on a GPU, the GPU kernels are built, and SPCONV_FORCE_NATIVE is not set (checked by
@@ -37,8 +37,9 @@ Eligibility (``_route.fused_conv`` returns None otherwise and the caller takes t
   * the number of output rows matches the map, and num_out * kvol < 2**31 (int32 row ids in the table).
 
 The table itself is the kernel-map builder's where it made one in the right direction (``maps.out_table``:
-submanifold maps, and the reversed maps of regular / transposed convolutions); only its masks and order are
-computed (``fused_map_masks``). Other directions build it from the pairs (``build_fused_map``).
+submanifold maps, regular / transposed maps built for a layer where the GPU code runs (``strided_kernel_map``
+writes both directions) and their reversed maps); only its masks and order are computed (``fused_map_masks``).
+Other maps (built by hand from pairs, or with repeated coordinates) build it from the pairs (``build_fused_map``).
 Tables are cached in ``maps.cache`` (so layers sharing an ``indice_key`` build them once):
   ``maps.cache["fused_map_s{S}"] = (nbr, masks, order)`` for the forward, and the same key in
   ``maps.reversed().cache`` for dinput (which is also the forward table of the inverse convolution).

@@ -46,13 +46,22 @@ def build_kernel_map(indices: torch.Tensor, batch_size: int, spatial_shape: List
     if not torch.compiler.is_compiling() and subm and all(v == 1 for v in stride) and \
             _backend.runs_gpu_code(indices.device):
         return indices, _subm_map_on_device(indices, batch_size, spatial_shape, ksize, dilation)
-    out_indices, pair_in, pair_out, pair_offsets, info, table = _ops.get_indice_pairs(
-        indices, batch_size, list(spatial_shape), list(out_shape), list(ksize), list(stride), list(padding),
-        list(dilation), subm, transpose)
-    # The builder's table is the fused route's (forward for subm, reversed otherwise): kept where that route runs.
+    args = (indices, batch_size, list(spatial_shape), list(out_shape), list(ksize), list(stride), list(padding),
+            list(dilation))
     tables = {}
-    if _backend.runs_gpu_code(indices.device):
-        tables = {"out_table": table} if subm else {"in_table": table}
+    if not subm and not torch.compiler.is_compiling() and _backend.runs_gpu_code(indices.device):
+        # Both tables from the builder: out->in for the fused forward and the pools, in->out for dinput, the
+        # inverse conv and the pools' backward (no table where the indices repeat a coordinate).
+        out_indices, pair_in, pair_out, pair_offsets, info, table, out_table = _ops.strided_kernel_map(*args,
+                                                                                                    transpose)
+        tables = {"in_table": table}
+        if out_table.shape[0] == out_indices.shape[0]:
+            tables["out_table"] = out_table
+    else:
+        out_indices, pair_in, pair_out, pair_offsets, info, table = _ops.get_indice_pairs(*args, subm, transpose)
+        # The builder's table is the fused route's (forward for subm, reversed otherwise), where that route runs.
+        if _backend.runs_gpu_code(indices.device):
+            tables = {"out_table": table} if subm else {"in_table": table}
     # Submanifold maps never repeat a row at one offset: the builder rejects duplicate coordinates.
     return out_indices, PairMaps(pair_in, pair_out, pair_offsets, indices.shape[0], out_indices.shape[0],
                                  repeat_free=subm, info=info, **tables)

@@ -6,9 +6,10 @@ its bits. ``in_table`` ``[num_in, kvol]`` (the output each input feeds) drives t
 input row. The max pool records, per (output, channel), the offset whose input takes the gradient (``argmax``,
 saved for the backward instead of the input and output features).
 
-The tables are the map builder's where it kept one (``maps.out_table`` / ``maps.in_table``) or the fused route's
-where it built one; the missing direction is made once per map (``transpose_neighbour_table``, or from the pairs
-for a map that has no table at all) and cached in ``maps.cache``. Maps that repeat a row within one offset
+The tables are the map builder's where it kept one (``maps.out_table`` / ``maps.in_table``: a strided or pooling
+map built for a layer has both, a submanifold map its out->in table) or the fused route's where it built one; a
+missing direction is made once per map (``transpose_neighbour_table``, or from the pairs for a map that has no
+table at all) and cached in ``maps.cache``. Maps that repeat a row within one offset
 (duplicate coordinates) have no such tables: they keep the pair ops (``spconv.pytorch.ops.pool_route``).
 """
 import functools

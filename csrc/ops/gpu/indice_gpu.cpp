@@ -41,9 +41,11 @@ void check_table_not_full(int64_t full, int64_t cap) {
 
 // A regular / transposed conv's (or pool's) map: four kernels (kernel_map.cu), a stable sort of the input keys,
 // one scan of the kernels' flags and the one device->host copy (status: bad rows, a full table, duplicates, the
-// output count, the pairs per offset), after which the output and pair buffers are sized and filled.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_map(
-    const at::Tensor& indices, int64_t batch_size, const ConvGeometry& g, bool transpose) {
+// output count, the pairs per offset), after which the output and pair buffers are sized and filled. With
+// want_out_table, also the out->in table [num_out, kvol] (one fill more; written by the last kernel) where the
+// map has no duplicate coordinates, else [0, kvol] (such a map repeats a row at one offset: no table serves it).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> conv_map(
+    const at::Tensor& indices, int64_t batch_size, const ConvGeometry& g, bool transpose, bool want_out_table) {
   const int64_t n = indices.size(0), kvol = g.kvol, visits = n * kvol;
   void* stream = current_stream(indices.device());
   auto iopts = indices.options();
@@ -88,13 +90,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   for (int64_t k = 0; k < kvol; ++k) oh[k + 1] = oh[k] + h[gpu::kMapCounts + k];
   at::Tensor out_indices = at::empty({num_out, g.ndim + 1}, iopts), table = at::empty({n, kvol}, iopts);
   at::Tensor pair_in = at::empty({oh[kvol]}, iopts), pair_out = at::empty({oh[kvol]}, iopts);
+  const bool repeat_free = h[gpu::kMapDupRow] == 0;
+  at::Tensor out_table = want_out_table && repeat_free ? at::full({num_out, kvol}, -1, iopts)
+                                                       : at::empty({0, kvol}, iopts);
   check_launch(gpu::conv_map_write(ord, scan.const_data_ptr<int64_t>(), n, g, num_out, b,
                                    table.mutable_data_ptr<int32_t>(), pair_in.mutable_data_ptr<int32_t>(),
                                    pair_out.mutable_data_ptr<int32_t>(), out_indices.mutable_data_ptr<int32_t>(),
-                                   stream),
+                                   out_table.numel() > 0 ? out_table.mutable_data_ptr<int32_t>() : nullptr, stream),
                "conv_map_write");
-  return {out_indices, pair_in, pair_out, offsets,
-          make_map_info(offsets_host, n, num_out, /*repeat_free=*/h[gpu::kMapDupRow] == 0), table};
+  return {out_indices, pair_in, pair_out, offsets, make_map_info(offsets_host, n, num_out, repeat_free), table,
+          out_table};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> get_indice_pairs_gpu(
@@ -112,12 +117,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     return {indices_arg.clone(), sub_in, sub_out, m.offsets, info, m.nbr};  // outputs may not alias inputs
   }
 
-  return conv_map(indices, batch_size, g, transpose);
+  const auto m = conv_map(indices, batch_size, g, transpose, /*want_out_table=*/false);
+  return {std::get<0>(m), std::get<1>(m), std::get<2>(m), std::get<3>(m), std::get<4>(m), std::get<5>(m)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+strided_kernel_map_gpu(const at::Tensor& indices_arg, int64_t batch_size, at::IntArrayRef spatial_shape,
+                       at::IntArrayRef out_shape, at::IntArrayRef ksize, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, bool transpose) {
+  const ConvGeometry g = check_indice_pairs_args(indices_arg, spatial_shape, out_shape, ksize, stride, padding,
+                                                 dilation, /*subm=*/false);
+  check_grid_volume(batch_size, g);
+  c10::DeviceGuard guard(indices_arg.device());
+  return conv_map(indices_arg.contiguous(), batch_size, g, transpose, /*want_out_table=*/true);
 }
 
 }  // namespace
 
-SPCONV_GPU_IMPL(m) { m.impl("get_indice_pairs", &get_indice_pairs_gpu); }
+SPCONV_GPU_IMPL(m) {
+  m.impl("get_indice_pairs", &get_indice_pairs_gpu);
+  m.impl("strided_kernel_map", &strided_kernel_map_gpu);
+}
 
 }  // namespace ops
 }  // namespace spconv

@@ -38,6 +38,7 @@ TARGETS: Dict[Tuple[str, str, str], Tuple[Optional[int], Optional[int]]] = {
     ("fused", "subm_map", "forward"): (6, 0),
     ("fused", "strided_map", "forward"): (8, 1),
     ("fused", "pool_map", "forward"): (8, 1),
+    ("fused", "pool_build", "forward"): (8, 1),  # a pool that builds its map: the map and its one kernel
     ("fused", "subm_cached", "forward"): (3, 0),
     ("fused", "subm_cached", "backward"): (4, 0),
     ("fused", "subm_build", "backward"): (4, 0),
@@ -51,6 +52,7 @@ TARGETS: Dict[Tuple[str, str, str], Tuple[Optional[int], Optional[int]]] = {
     ("native", "subm_map", "forward"): (6, 0),
     ("native", "strided_map", "forward"): (8, 1),
     ("native", "pool_map", "forward"): (8, 1),
+    ("native", "pool_build", "forward"): (8, 1),
 }
 FEATURE_KINDS = ("subm_cached", "subm_build", "strided_cached", "strided_build", "pool_cached", "pool_build")
 
