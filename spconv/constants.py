@@ -8,9 +8,9 @@ def _env_flag(name: str, default: str = "0") -> bool:
 
 # Route policy: SPCONV_FORCE_NATIVE=1 disables the fused GPU route (forward, dinput, dfilter).
 SPCONV_FORCE_NATIVE = _env_flag("SPCONV_FORCE_NATIVE")
-# spconv 2.x's TF32 switch, kept for compatibility. TF32 runs only on the native route, whose FP32 GEMMs
-# (at::mm) follow torch.backends.cuda.matmul.allow_tf32; the fused route always computes FP32 with FMA (its
-# SIMT body), whatever this says. Set SPCONV_FORCE_NATIVE=1 together with torch's flag to get TF32.
+# spconv 2.x's TF32 switch (settable, read at every call): FP32 layers of the fused route take TF32 operands on
+# NVIDIA sm_80+ when this or torch.backends.cuda.matmul.allow_tf32 is set; the native route's FP32 GEMMs (at::mm)
+# follow torch's flag only. Off by default.
 SPCONV_ALLOW_TF32 = _env_flag("SPCONV_ALLOW_TF32")
 # Check that a regular/transposed conv's input has unique coordinates (costs a sort per layer; off by default,
 # duplicates then act as one site holding their summed features). Submanifold convs always check. Settable.

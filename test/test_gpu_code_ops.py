@@ -215,6 +215,31 @@ def test_fused_pipelined_body(gpu_place, splits, case, dtype, monkeypatch):
             what, rel_err(g, d.to(r.dtype)))
 
 
+# The TF32 bodies on a GPU (FP32 with TF32 allowed; NVIDIA sm_80+): within TF32's rounding of FP64. On the HIP CPU
+# build the emulated WMMA variant gives the SIMT body's bits on inputs rounded to TF32 (test_hip_cpu_variants.py).
+@per_place("splits,case", {"cuda": [(s, c) for s in (1, 2) for c in (
+    ("subm_big", 64, 64), ("subm_big", 13, 70), ("subm_big", 128, 128), ("conv_big", 64, 96), ("deconv", 24, 40))]},
+    ids=lambda s, c: "%d-%s-%dx%d" % ((s,) + c))
+def test_fused_tf32_body(gpu_place, splits, case):
+    name, cin, cout = case
+    if not torch.version.cuda or torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the TF32 bodies need NVIDIA sm_80 or later")
+    idx, res, _ = both_maps(gpu_place, name)
+    m = as_maps(res, idx.shape[0])
+    s = min(splits, m.pair_offsets.numel() - 1)
+    x, w, dy = fused_inputs(m, cin, cout, torch.float32)
+    ops, on, md = gpu_place.ops, gpu_place.to, on_device(gpu_place, m)
+    assert ops.fused_conv_path(on(x), True) == "tf32" and ops.fused_conv_path(on(x)) == "simt"
+    fwd = ops.build_fused_map(md.pair_in, md.pair_out, md.pair_offsets, m.num_out, s)
+    rev = ops.build_fused_map(md.pair_out, md.pair_in, md.pair_offsets, m.num_in, s)
+    got = cpu_all((ops.fused_conv(on(x), on(w), *fwd, tf32=True),
+                   ops.fused_conv(on(dy), on(w.transpose(1, 2).contiguous()), *rev, tf32=True),
+                   ops.fused_conv_dfilter(on(x), on(dy), md.pair_in, md.pair_out, md.pair_offsets, tf32=True)))
+    for what, g, r in zip(("forward", "dinput", "dfilter"), got, native_f64(x, w, dy, m)):
+        assert g.dtype == torch.float32 and g.shape == r.shape, what
+        assert rel_err(g, r) < 3e-3, "%s: relative error %g against FP64" % (what, rel_err(g, r))
+
+
 @on_places()
 def test_fused_dfilter_split_k(gpu_place):
     """Enough pairs per offset (> 4096) for the glue to split K into several workspace chunks."""

@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch
 
+import spconv.pytorch as spconv
+from spconv import _backend, constants
 from conftest import _TOOLS, SESSION_ORDER, hip_cpu_library, thread_order
 from support.conv_cases import TOL, as_maps, fused_inputs, map_geometry, native_f64, rel_err
 
@@ -47,18 +49,46 @@ def results(variant, case, dtype):
     return _RESULTS[key]
 
 
-def run_fused(ops, case, dtype, splits=2):
-    """(forward, dinput, dfilter) of ops on the case's inputs, plus the inputs' maps for a reference."""
+def run_fused(ops, case, dtype, splits=2, tf32=False, inputs=lambda t: t):
+    """(forward, dinput, dfilter) of ops on the case's inputs (each through ``inputs``), plus the inputs' maps for
+    a reference; tf32: FP32 may take TF32 operands."""
     cin, cout, geo = CASES[case]
     idx, args = map_geometry(**geo)
     m = as_maps(cpu.get_indice_pairs(idx, *args), idx.shape[0])
-    x, w, dy = fused_inputs(m, cin, cout, dtype)
+    x, w, dy = (inputs(t) for t in fused_inputs(m, cin, cout, dtype))
     s = min(splits, m.pair_offsets.numel() - 1)
-    y = ops.fused_conv(x, w, *ops.build_fused_map(m.pair_in, m.pair_out, m.pair_offsets, m.num_out, s))
+    y = ops.fused_conv(x, w, *ops.build_fused_map(m.pair_in, m.pair_out, m.pair_offsets, m.num_out, s), tf32=tf32)
     dx = ops.fused_conv(dy, w.transpose(1, 2).contiguous(),
-                        *ops.build_fused_map(m.pair_out, m.pair_in, m.pair_offsets, m.num_in, s))
-    dw = ops.fused_conv_dfilter(x, dy, m.pair_in, m.pair_out, m.pair_offsets)
+                        *ops.build_fused_map(m.pair_out, m.pair_in, m.pair_offsets, m.num_in, s), tf32=tf32)
+    dw = ops.fused_conv_dfilter(x, dy, m.pair_in, m.pair_out, m.pair_offsets, tf32=tf32)
     return (y, dx, dw), (x, w, dy, m)
+
+
+def tf32_rna(t):
+    """cvt.rna.tf32.f32 on finite FP32 values: 10 mantissa bits, to nearest, ties away from zero."""
+    u = t.contiguous().view(torch.int32)
+    return ((u + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("variant", sorted(hip_cpu_build.VARIANTS))
+def test_tf32_same_bits_as_simt(variant, case):
+    """FP32 with TF32 allowed: the emulated WMMA variant (NVIDIA sm_80+ code) runs the TF32 bodies, whose
+    forward, dinput and dfilter give the SIMT body's bits on inputs rounded to TF32 beforehand, within TF32's
+    rounding of an FP64 reference; the other variants have no TF32 body and give the SIMT body's bits on the
+    inputs as they are. Without the flag every variant runs SIMT."""
+    ops = hip_cpu_library(variant)
+    has = variant == "wmma"
+    assert ops.fused_conv_path(torch.zeros(2, 8), True) == ("tf32" if has else "simt")
+    assert ops.fused_conv_path(torch.zeros(2, 8)) == "simt"
+    got, (x, w, dy, m) = run_fused(ops, case, torch.float32, tf32=True)
+    ref, _ = run_fused(hip_cpu_library("simt"), case, torch.float32, inputs=tf32_rna if has else lambda t: t)
+    for what, g, r, r64 in zip(("forward", "dinput", "dfilter"), got, ref, native_f64(x, w, dy, m)):
+        assert torch.equal(g.view(torch.int32), r.view(torch.int32)), what
+        assert rel_err(g, r64) < 2e-3, "%s: relative error %g" % (what, rel_err(g, r64))
+    if has:  # the operands were rounded: FP32 operands give other bits
+        fp32, _ = results("simt", case, torch.float32)
+        assert not torch.equal(got[0], fp32[0])
 
 
 @pytest.mark.parametrize("variant", sorted(hip_cpu_build.VARIANTS))
@@ -90,6 +120,39 @@ def test_fused_sm80_switch(variant, setting, monkeypatch):
         got, _ = run_fused(ops, "vec", torch.float16)
         for what, g, r in zip(("forward", "dinput", "dfilter"), got, simt):
             assert torch.equal(g.view(torch.int16), r.view(torch.int16)), what
+
+
+def test_tf32_switches(monkeypatch):
+    """A model's FP32 layer takes the TF32 body, forward and backward, where spconv's switch
+    (constants.SPCONV_ALLOW_TF32, set after import as spconv 2.x users do) or torch's
+    (torch.backends.cuda.matmul.allow_tf32) allows it: the SIMT body's bits on inputs and weights rounded to TF32;
+    with neither, FP32."""
+    g = torch.Generator().manual_seed(4)
+    idx, args = map_geometry(shape=[6, 7, 5], batch=2, n=120, ksize=3)
+    feats = torch.randn(idx.shape[0], 16, generator=g)
+    weight = torch.randn(16, 3, 3, 3, 16, generator=g)
+
+    def run(library, rounding=lambda t: t):
+        conv = spconv.SubMConv3d(16, 16, 3, bias=False)
+        with torch.no_grad():
+            conv.weight.copy_(rounding(weight))
+        x = rounding(feats).clone().requires_grad_(True)
+        with _backend.gpu_code_on_cpu(hip_cpu_library(library).name):
+            y = conv(spconv.SparseConvTensor(x, idx, [6, 7, 5], 2)).features
+            y.sum().backward()
+        return [t.detach().clone() for t in (y, x.grad, conv.weight.grad)]
+
+    fp32 = run("wmma")
+    assert all(torch.equal(a, b) for a, b in zip(fp32, run("simt")))
+    want = run("simt", tf32_rna)
+    monkeypatch.setattr(constants, "SPCONV_ALLOW_TF32", True)
+    by_spconv = run("wmma")
+    monkeypatch.setattr(constants, "SPCONV_ALLOW_TF32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    by_torch = run("wmma")
+    for what, a, b, w, f in zip(("forward", "dinput", "dfilter"), by_spconv, by_torch, want, fp32):
+        assert torch.equal(a, w) and torch.equal(b, w), what
+        assert not torch.equal(a, f), what  # the operands were rounded
 
 
 @pytest.mark.slow

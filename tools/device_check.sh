@@ -89,7 +89,7 @@ if ! import_check; then
 fi
 
 phase "timing: SubMConv3d 3x3x3 on ~50k voxels, 41x1600x1408, kernel map cached"
-timeout "$(cap 60)" python3 - <<'PY'
+timeout "$(cap 90)" python3 - <<'PY'
 import os
 import sys
 import time
@@ -149,7 +149,7 @@ map_fused_ms = bench(lambda: ops.build_fused_map(pin, pout, poff, n, 1, info), 3
 print(f"fused table build {map_fused_ms:.3f} ms")
 rows = []
 for dtype, C in ((torch.float16, 256), (torch.float16, 128), (torch.float16, 64), (torch.bfloat16, 256),
-                 (torch.float32, 64)):
+                 (torch.float32, 64), (torch.float32, 128)):
     name = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
     x = torch.randn(n, C, device=dev).to(dtype)
     w = (torch.randn(27, C, C, device=dev) / (27 * C) ** 0.5).to(dtype)
@@ -168,6 +168,13 @@ for dtype, C in ((torch.float16, 256), (torch.float16, 128), (torch.float16, 64)
     ref = ops.indice_conv(x.float(), w.float(), pin, pout, poff, n)
     err = (ops.fused_conv(x, w, *fused_tabs[1]).float() - ref).norm().item()
     path = ops.fused_conv_path(x)
+    if dtype == torch.float32 and ops.fused_conv_path(x, True) == "tf32":  # the TF32 bodies (TF32 allowed)
+        for s in (1, 2):
+            res[f"tf32_s{s}"] = bench(lambda: ops.fused_conv(x, w, *fused_tabs[s], info, True))
+        res["tf32_bwd"] = bench(lambda: (ops.fused_conv(dy, wt, *rt, info, True),
+                                         ops.fused_conv_dfilter(x, dy, pin, pout, poff, info, True)))
+        et = (ops.fused_conv(x, w, *fused_tabs[1], None, True) - ref).norm().item() / ref.norm().item()
+        path += f" (tf32: relative |fused - fp32 native| = {et:.3g})"
     if dtype != torch.float32:  # the pipelined sm_80 bodies, on request (SPCONV_FUSED_SM80, read at each launch)
         os.environ["SPCONV_FUSED_SM80"] = "1"
         if ops.fused_conv_path(x) == "sm80":
@@ -190,6 +197,11 @@ for name, C, res in rows:
     if name == "fp16":
         sp = res["native"][0] / min(res["fused_s1"][0], res["fused_s2"][0])
         print(f"SUMMARY fp16 C={C}: fused/native forward speedup {sp:.2f}x (goal >= 2x)")
+    if "tf32_s1" in res:
+        f, b = min(res["tf32_s1"][0], res["tf32_s2"][0]), res["tf32_bwd"][0]
+        sp = min(res["fused_s1"][0], res["fused_s2"][0]) / f
+        print(f"SUMMARY {name} C={C}: TF32 body forward {f:.4f} ms ({sp:.2f}x the FP32 body; goal >= 2x), backward "
+              f"{b:.4f} ms (FP32 {res['fused_bwd'][0]:.4f} ms)")
     if "sm80_s1" in res:
         f, b = min(res["sm80_s1"][0], res["sm80_s2"][0]), res["sm80_bwd"][0]
         print(f"SUMMARY {name} C={C}: pipelined sm80 body forward {f:.4f} ms, backward {b:.4f} ms; default body "
@@ -279,12 +291,14 @@ SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2
 if [ -n "$SAN" ]; then
   RESULT[sanitizer]=ok
   for tool in memcheck racecheck; do
-    for case in normal sm80 duplicates; do  # sm80: the normal case on the pipelined sm_80 bodies
+    # optin: the normal case on the opt-in bodies (the pipelined sm_80 ones for FP16, the TF32 ones for FP32)
+    for case in normal optin duplicates; do
       LEFT=$(( ${SANITIZE_UNTIL:-$DEADLINE} - $(elapsed) ))
       if [ $LEFT -lt 20 ]; then RESULT[sanitizer]="${RESULT[sanitizer]}; $tool $case skipped (no time left)"; continue; fi
       CAP=$([ $tool = racecheck ] && echo 150 || echo 60)  # racecheck runs several times longer per case
-      SPCONV_FUSED_SM80=$([ $case = sm80 ] && echo 1 || echo 0) timeout $(( LEFT < CAP ? LEFT : CAP )) "$SAN" \
-        --tool $tool --error-exitcode 3 python3 tools/device_sanitize_case.py ${case/sm80/normal} 2>&1 | tail -8
+      ON=$([ $case = optin ] && echo 1 || echo 0)
+      SPCONV_FUSED_SM80=$ON SPCONV_ALLOW_TF32=$ON timeout $(( LEFT < CAP ? LEFT : CAP )) "$SAN" \
+        --tool $tool --error-exitcode 3 python3 tools/device_sanitize_case.py ${case/optin/normal} 2>&1 | tail -8
       rc=${PIPESTATUS[0]}
       [ "$rc" = 0 ] || RESULT[sanitizer]="${RESULT[sanitizer]}; $tool $case rc $rc"
     done

@@ -277,9 +277,10 @@ __device__ __forceinline__ void wmma_step(const FA& fa, const uint16_t (*Bs)[LDB
   }
 }
 
-// The warp's 16x32 slice (rows m0.., columns n0..) into the shared fp32 tile Cs, then a block barrier.
-template <int LDC>
-__device__ __forceinline__ void wmma_store(wmma_acc (&acc)[2], float (*Cs)[LDC], int m0, int n0) {
+// The warp's 16x32 slice (rows m0.., columns n0..) into the shared fp32 tile Cs, then a block barrier (Acc: the
+// 16-bit bodies' or the TF32 body's accumulator).
+template <int LDC, typename Acc>
+__device__ __forceinline__ void wmma_store(Acc (&acc)[2], float (*Cs)[LDC], int m0, int n0) {
   for (int f = 0; f < 2; ++f)
     nvcuda::wmma::store_matrix_sync(&Cs[m0][n0 + f * 16], acc[f], LDC, nvcuda::wmma::mem_row_major);
   __syncthreads();
@@ -363,12 +364,21 @@ __device__ __forceinline__ void mfma_store(const mfma_float4 (&acc)[4], float (*
 #define SPCONV_RUN_BODY(name, T, a) name##_simt<T>(a)
 #endif
 
-// Pipelined: the pipelined sm_80 body for 16-bit types where this pass compiled it (elsewhere the same body as
-// the other instantiation; the host launches it only where fused_pipelined says so).
-template <typename T, bool Pipelined>
+#if defined(SPCONV_DEVICE_WMMA)
+__device__ void forward_tf32(const FwdArgs& a);  // the TF32 body, beside dfilter's below
+#endif
+
+// OptIn: the opted-into body where this pass compiled it: for 16-bit types the pipelined sm_80 body
+// (fused_pipelined), for FP32 the TF32 body (the caller allows TF32). Elsewhere the same body as the other
+// instantiation; the host launches it only where it exists.
+template <typename T, bool OptIn>
 __global__ void __launch_bounds__(kThreads) fused_forward_kernel(FwdArgs a) {
 #if defined(SPCONV_FORWARD_SM80)
-  if constexpr (Pipelined && !std::is_same<T, float>::value) forward_sm80<T>(a);
+  if constexpr (OptIn && !std::is_same<T, float>::value) forward_sm80<T>(a);
+  else
+#endif
+#if defined(SPCONV_DEVICE_WMMA)
+  if constexpr (OptIn && std::is_same<T, float>::value) forward_tf32(a);
   else
 #endif
     SPCONV_RUN_BODY(forward, T, a);
@@ -633,6 +643,116 @@ __device__ void dfilter_wmma(const DfArgs& a) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, MT, wmma::col_major> fa;
       wmma::load_matrix_sync(fa, reinterpret_cast<const MT*>(&As[ks][wm * 16]), LD);
       wmma_step<MT>(fa, Bs, ks, wn * 32, acc);
+    }
+  }
+  wmma_store(acc, Cs, wm * 16, wn * 32);
+  df_store(a, t, &Cs[0][0], LDC);
+}
+
+// ---- TF32 bodies (NVIDIA sm_80+; FP32 layers where TF32 is allowed): the WMMA bodies' tiling on fp32 tiles,
+// m16n16k8 with each operand rounded to TF32 (cvt.rna) as it leaves shared memory, FP32 accumulation. The
+// slices of 8 channels (or pairs) run in the SIMT body's order, so the emulated body gives the SIMT body's bits
+// on inputs rounded to TF32 beforehand. ----
+using tf32_acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
+
+template <typename Frag>
+__device__ __forceinline__ void round_to_tf32(Frag& f) {
+  for (int i = 0; i < f.num_elements; ++i) f.x[i] = nvcuda::wmma::__float_to_tf32(f.x[i]);
+}
+
+// acc[f] += fa * Bs[ks.. ks + 8, n0 + 16 f ..] for the warp's two 16-column fragments (B row-major, stride LDB).
+template <typename FA, int LDB>
+__device__ __forceinline__ void tf32_step(const FA& fa, const float (*Bs)[LDB], int ks, int n0, tf32_acc (&acc)[2]) {
+  using namespace nvcuda;
+#pragma unroll
+  for (int f = 0; f < 2; ++f) {
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fb;
+    wmma::load_matrix_sync(fb, &Bs[ks][n0 + f * 16], LDB);
+    round_to_tf32(fb);
+    wmma::mma_sync(acc[f], fa, fb, acc[f]);
+  }
+}
+
+__device__ void forward_tf32(const FwdArgs& a) {
+  using namespace nvcuda;
+  constexpr int LDA = BK + 4, LDB = BN + 4, LDC = BN + 4;
+  __shared__ TileState st;
+  __shared__ __align__(32) float As[BM][LDA];
+  __shared__ __align__(32) float Bs[BK][LDB];
+  __shared__ __align__(32) float Cs[BM][LDC];
+  const float* x = static_cast<const float*>(a.x);
+  const float* w = static_cast<const float*>(a.w);
+  const int tid = threadIdx.x, warp = tid / 32, wm = warp / 2, wn = warp % 2;
+  const int64_t n0 = int64_t(blockIdx.y) * BN;
+  const unsigned int mask = tile_prologue(a, st);
+  tf32_acc acc[2];
+  wmma::fill_fragment(acc[0], 0.f);
+  wmma::fill_fragment(acc[1], 0.f);
+  for (int k = a.k0; k < a.k1; ++k) {
+    if (!offset_active(a, mask, k)) continue;
+    load_sources(a, st, k);
+    const bool live = rows_have_source(st, wm * 16, 16);  // this warp's rows
+    const float* wk = w + int64_t(k) * a.cin * a.cout;
+    for (int64_t c0 = 0; c0 < a.cin; c0 += BK) {
+      for (int e = tid; e < BM * BK; e += kThreads) {
+        const int r = e / BK, kk = e % BK;
+        const int32_t src = st.src[r];
+        const int64_t c = c0 + kk;
+        As[r][kk] = (src >= 0 && c < a.cin) ? x[int64_t(src) * a.cin + c] : 0.f;
+      }
+      for (int e = tid; e < BK * BN; e += kThreads) {
+        const int kk = e / BN, n = e % BN;
+        const int64_t c = c0 + kk, col = n0 + n;
+        Bs[kk][n] = (c < a.cin && col < a.cout) ? wk[c * a.cout + col] : 0.f;
+      }
+      __syncthreads();
+      if (live) {
+#pragma unroll
+        for (int ks = 0; ks < BK; ks += 8) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+          wmma::load_matrix_sync(fa, &As[wm * 16][ks], LDA);
+          round_to_tf32(fa);
+          tf32_step(fa, Bs, ks, wn * 32, acc);
+        }
+      }
+      __syncthreads();
+    }
+  }
+  wmma_store(acc, Cs, wm * 16, wn * 32);
+  store_tile<float>(a, st, &Cs[0][0], LDC);
+}
+
+// dW tile = As^T Bs over the pairs, as dfilter_wmma, on fp32 tiles.
+__device__ void dfilter_tf32(const DfArgs& a) {
+  using namespace nvcuda;
+  constexpr int LD = 64 + 4, LDC = BN + 4;
+  __shared__ DfState st;
+  __shared__ __align__(32) float As[BP][LD];
+  __shared__ __align__(32) float Bs[BP][LD];
+  __shared__ __align__(32) float Cs[BM][LDC];
+  const float* x = static_cast<const float*>(a.x);
+  const float* dy = static_cast<const float*>(a.dy);
+  const DfTile t = df_tile(a);
+  if (t.s >= t.splits) return;  // table mode: past the device's split count
+  const int tid = threadIdx.x, warp = tid / 32, wm = warp / 2, wn = warp % 2;
+  tf32_acc acc[2];
+  wmma::fill_fragment(acc[0], 0.f);
+  wmma::fill_fragment(acc[1], 0.f);
+  df_begin(a, t, st);
+  for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {  // (df_next starts with a barrier: the last step is read)
+    for (int e = tid; e < BP * 64; e += kThreads) {
+      const int p = e / 64, c = e % 64;
+      const int32_t ri = st.in[p], ro = st.out[p];
+      As[p][c] = (ri >= 0 && t.ci0 + c < a.cin) ? x[int64_t(ri) * a.cin + t.ci0 + c] : 0.f;
+      Bs[p][c] = (ro >= 0 && t.co0 + c < a.cout) ? dy[int64_t(ro) * a.cout + t.co0 + c] : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < BP; ks += 8) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fa;
+      wmma::load_matrix_sync(fa, &As[ks][wm * 16], LD);
+      round_to_tf32(fa);
+      tf32_step(fa, Bs, ks, wn * 32, acc);
     }
   }
   wmma_store(acc, Cs, wm * 16, wn * 32);
@@ -944,10 +1064,14 @@ __device__ void dfilter_sm80(const DfArgs& a) {
 }
 #endif  // SPCONV_FORWARD_SM80
 
-template <typename T, bool Pipelined>
+template <typename T, bool OptIn>
 __global__ void __launch_bounds__(kThreads) dfilter_kernel(DfArgs a) {
 #if defined(SPCONV_FORWARD_SM80)
-  if constexpr (Pipelined && !std::is_same<T, float>::value) dfilter_sm80<T>(a);
+  if constexpr (OptIn && !std::is_same<T, float>::value) dfilter_sm80<T>(a);
+  else
+#endif
+#if defined(SPCONV_DEVICE_WMMA)
+  if constexpr (OptIn && std::is_same<T, float>::value) dfilter_tf32(a);
   else
 #endif
     SPCONV_RUN_BODY(dfilter, T, a);
@@ -1051,61 +1175,91 @@ inline int vector_loads_ok(bool k16, int64_t cin, int64_t cout, const void* p, c
 }
 
 // Builds whose fused kernels hold the pipelined sm_80 bodies: CUDA (in the code for sm_80 and later) and the
-// emulated sm80 variant. Elsewhere only the other instantiation exists.
+// emulated sm80 variant; the TF32 body: CUDA (the same code) and the emulated WMMA variant. Elsewhere only the
+// other instantiation exists.
 #if defined(SPCONV_CUDA) || defined(SPCONV_EMULATE_SM80)
 #define SPCONV_HAS_PIPELINED 1
 #endif
+#if defined(SPCONV_CUDA) || defined(SPCONV_EMULATE_WMMA)
+#define SPCONV_HAS_TF32 1
+#endif
+
+// Whether the current device runs code for sm_80 or later (CUDA builds; older devices have no such code, and
+// their kernels would run the other body anyway).
+[[maybe_unused]] bool device_sm80() {
+#if defined(SPCONV_CUDA)
+  int dev = 0, major = 0;
+  if (hipGetDevice(&dev) != hipSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != hipSuccess)
+    return false;
+  return major >= 8;
+#else
+  return false;
+#endif
+}
 
 // Whether this launch takes the pipelined sm_80 bodies for 16-bit types. SPCONV_FUSED_SM80=1 asks for them and
 // =0 refuses them, read at every launch (a switch for checks and measurements, no rebuild); unset, the build's
 // default: on in the emulated sm80 variant (its only tensor-core body), off on NVIDIA GPUs, where WMMA stays the
-// default until the pipelined bodies have run on one. On CUDA only devices of compute capability 8.0 and later
-// take them (older ones have no such code; their kernels would run the other body anyway).
+// default until the pipelined bodies have run on one.
 [[maybe_unused]] bool fused_pipelined() {
 #if defined(SPCONV_HAS_PIPELINED)
   const char* env = std::getenv("SPCONV_FUSED_SM80");
 #if defined(SPCONV_EMULATE_SM80)
   return !(env && env[0] == '0');
 #else
-  if (!(env && env[0] == '1')) return false;
-  int dev = 0, major = 0;
-  if (hipGetDevice(&dev) != hipSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != hipSuccess)
-    return false;
-  return major >= 8;
+  return env && env[0] == '1' && device_sm80();
 #endif
 #else
   return false;
 #endif
 }
 
-// The instantiation a launch takes: the pipelined one for 16-bit types where this build holds it and
-// fused_pipelined says so (FP32 has only the other).
+// Whether an FP32 launch whose caller allows TF32 takes the TF32 body.
+[[maybe_unused]] bool fused_tf32(bool allowed) {
+#if defined(SPCONV_EMULATE_WMMA)
+  return allowed;
+#else
+  return allowed && device_sm80();
+#endif
+}
+
+// The instantiation a launch takes: the opted-into one where this build holds it and the launch asks for it.
 template <typename T>
-auto forward_kernel() {
+auto forward_kernel(bool tf32) {
 #if defined(SPCONV_HAS_PIPELINED)
   if constexpr (!std::is_same<T, float>::value)
     if (fused_pipelined()) return &fused_forward_kernel<T, true>;
 #endif
+#if defined(SPCONV_HAS_TF32)
+  if constexpr (std::is_same<T, float>::value)
+    if (fused_tf32(tf32)) return &fused_forward_kernel<T, true>;
+#endif
+  (void)tf32;
   return &fused_forward_kernel<T, false>;
 }
 template <typename T>
-auto dfilter_kernel_for() {
+auto dfilter_kernel_for(bool tf32) {
 #if defined(SPCONV_HAS_PIPELINED)
   if constexpr (!std::is_same<T, float>::value)
     if (fused_pipelined()) return &dfilter_kernel<T, true>;
 #endif
+#if defined(SPCONV_HAS_TF32)
+  if constexpr (std::is_same<T, float>::value)
+    if (fused_tf32(tf32)) return &dfilter_kernel<T, true>;
+#endif
+  (void)tf32;
   return &dfilter_kernel<T, false>;
 }
 
 template <typename T>
-int launch_forward(FwdArgs a, int num_splits, hipStream_t stream) {
+int launch_forward(FwdArgs a, int num_splits, hipStream_t stream, bool tf32) {
   const int64_t row_tiles = (a.n_out + BM - 1) / BM, col_tiles = (a.cout + BN - 1) / BN;
   if (row_tiles > 0x7fffffffLL || col_tiles > 65535) return static_cast<int>(hipErrorInvalidValue);
   if (a.cin > 0x7fffffffLL - BK) return static_cast<int>(hipErrorInvalidValue);  // the sm80 body counts in int
   const int32_t* masks = a.masks;
   const int32_t* order = a.order;
-  const auto kernel = forward_kernel<T>();
+  const auto kernel = forward_kernel<T>(tf32);
   for (int s = 0; s < num_splits; ++s) {
     a.k0 = static_cast<int>(s * a.kvol / num_splits);
     a.k1 = static_cast<int>((s + 1) * a.kvol / num_splits);
@@ -1124,7 +1278,7 @@ int launch_forward(FwdArgs a, int num_splits, hipStream_t stream) {
 template <typename T>
 int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
                    const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits, float* ws,
-                   void* dw, hipStream_t stream) {
+                   void* dw, hipStream_t stream, bool tf32) {
   const int64_t tiles_ci = (cin + BM - 1) / BM, tiles_co = (cout + BN - 1) / BN;
   if (kvol > 65535 || splits > 65535 || tiles_ci * tiles_co > 0x7fffffffLL) return static_cast<int>(hipErrorInvalidValue);
   if (cin > 0x3fffffffLL || cout > 0x3fffffffLL) return static_cast<int>(hipErrorInvalidValue);  // sm80: int strides
@@ -1142,7 +1296,7 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
   a.ws = ws;
   dim3 grid(static_cast<unsigned int>(tiles_ci * tiles_co), static_cast<unsigned int>(splits),
             static_cast<unsigned int>(kvol));
-  launch_kernel(dfilter_kernel_for<T>(), grid, kThreads, 0, stream, a);
+  launch_kernel(dfilter_kernel_for<T>(tf32), grid, kThreads, 0, stream, a);
   SPCONV_RETURN_IF_ERROR(last_launch_error());
   const int64_t total = kvol * cin * cout;
   launch_kernel(dfilter_reduce_kernel<T>, grid_1d(total, kThreads), kThreads, 0, stream, ws, kvol, cin * cout,
@@ -1153,7 +1307,7 @@ int launch_dfilter(const void* x, const void* dy, const int32_t* pair_in, const 
 template <typename T>
 int launch_dfilter_table(const void* x, const void* dy, const int32_t* table, int64_t rows, bool rows_out,
                          const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits_max,
-                         float* ws, void* dw, const void* w, void* wt, hipStream_t stream) {
+                         float* ws, void* dw, const void* w, void* wt, hipStream_t stream, bool tf32) {
   const int64_t tiles_ci = (cin + BM - 1) / BM, tiles_co = (cout + BN - 1) / BN;
   if (kvol > 65535 || splits_max < 1 || splits_max > 65535 || tiles_ci * tiles_co > 0x7fffffffLL)
     return static_cast<int>(hipErrorInvalidValue);
@@ -1175,7 +1329,7 @@ int launch_dfilter_table(const void* x, const void* dy, const int32_t* table, in
     a.ws = ws;
     dim3 grid(static_cast<unsigned int>(tiles_ci * tiles_co), static_cast<unsigned int>(splits_max),
               static_cast<unsigned int>(kvol));
-    launch_kernel(dfilter_kernel_for<T>(), grid, kThreads, 0, stream, a);
+    launch_kernel(dfilter_kernel_for<T>(tf32), grid, kThreads, 0, stream, a);
     SPCONV_RETURN_IF_ERROR(last_launch_error());
   }
   if (!dw && !wt) return 0;
@@ -1192,12 +1346,13 @@ int64_t fused_dfilter_split_count(int64_t npairs, int64_t kvol, int64_t slice) {
 
 int fused_conv_dfilter_table(DType t, const void* x, const void* dy, const int32_t* table, int64_t rows,
                              bool rows_out, const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout,
-                             int splits_max, float* workspace, void* dw, const void* w, void* wt, void* stream) {
+                             int splits_max, float* workspace, void* dw, const void* w, void* wt, void* stream,
+                             bool tf32) {
   if (kvol <= 0 || cin <= 0 || cout <= 0) return 0;
   hipStream_t s = static_cast<hipStream_t>(stream);
   return with_element_type(t, [&](auto tag) {
     return launch_dfilter_table<typename decltype(tag)::type>(x, dy, table, rows, rows_out, pair_offsets, kvol, cin,
-                                                              cout, splits_max, workspace, dw, w, wt, s);
+                                                              cout, splits_max, workspace, dw, w, wt, s, tf32);
   });
 }
 
@@ -1220,7 +1375,7 @@ int fused_map_masks(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_
 
 int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr, const int32_t* masks,
                        const int32_t* order, int64_t n_out, int64_t kvol, int64_t cin, int64_t cout,
-                       int num_splits, void* y, void* stream, bool mirror) {
+                       int num_splits, void* y, void* stream, bool mirror, bool tf32) {
   if (n_out <= 0 || cout <= 0) return 0;
   if (num_splits < 1 || kvol < 1 || (mirror && num_splits != 1)) return static_cast<int>(hipErrorInvalidValue);
   FwdArgs a{};
@@ -1237,28 +1392,36 @@ int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr
   a.mirror = mirror ? 1 : 0;
   a.vec = vector_loads_ok(t != DType::F32, cin, cout, x, w);
   hipStream_t s = static_cast<hipStream_t>(stream);
-  return with_element_type(t, [&](auto tag) { return launch_forward<typename decltype(tag)::type>(a, num_splits, s); });
+  return with_element_type(t, [&](auto tag) {
+    return launch_forward<typename decltype(tag)::type>(a, num_splits, s, tf32);
+  });
 }
 
 int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
                        const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits,
-                       float* workspace, void* dw, void* stream) {
+                       float* workspace, void* dw, void* stream, bool tf32) {
   if (kvol <= 0 || cin <= 0 || cout <= 0) return 0;
   if (splits < 1) return static_cast<int>(hipErrorInvalidValue);
   hipStream_t s = static_cast<hipStream_t>(stream);
   return with_element_type(t, [&](auto tag) {
     return launch_dfilter<typename decltype(tag)::type>(x, dy, pair_in, pair_out, pair_offsets, kvol, cin, cout,
-                                                        splits, workspace, dw, s);
+                                                        splits, workspace, dw, s, tf32);
   });
 }
 
 namespace {
-// Which 16-bit body this device runs: the kernel is compiled by the same target rules as the forward kernel,
-// so the code the runtime picks for the device (its own binary, or PTX compiled for it) answers, for the
-// instantiation the forward launch would take. Under the HIP CPU runtime that is the body compiled in: an
-// emulated WMMA/MFMA variant answers wmma/mfma, the plain one simt, the sm80 one sm80 (simt with SPCONV_FUSED_SM80=0).
+// Which bodies this device runs: the kernel is compiled by the same target rules as the forward kernel, so the
+// code the runtime picks for the device (its own binary, or PTX compiled for it) answers, for the instantiation
+// the forward launch would take. Under the HIP CPU runtime that is the body compiled in: an emulated WMMA/MFMA
+// variant answers wmma/mfma (and the WMMA one tf32 for FP32), the plain one simt, the sm80 one sm80 (simt with
+// SPCONV_FUSED_SM80=0).
 template <bool Pipelined>
 __global__ void forward_body_kernel(int32_t* out) {
+#if defined(SPCONV_DEVICE_WMMA)
+  out[1] = 1;
+#else
+  out[1] = 0;
+#endif
 #if defined(SPCONV_FORWARD_SM80)
   if (Pipelined) {
     out[0] = 3;
@@ -1285,9 +1448,9 @@ int fused_forward_body(int32_t* out, void* stream) {
   return last_launch_error();
 }
 
-const char* fused_body_name(DType t, int32_t body) {
-  if (t == DType::F32) return "simt";  // FP32 always takes the SIMT body
-  return body == 1 ? "wmma" : body == 2 ? "mfma" : body == 3 ? "sm80" : "simt";
+const char* fused_body_name(DType t, const int32_t* body, bool tf32) {
+  if (t == DType::F32) return body[1] && fused_tf32(tf32) ? "tf32" : "simt";
+  return body[0] == 1 ? "wmma" : body[0] == 2 ? "mfma" : body[0] == 3 ? "sm80" : "simt";
 }
 
 }  // namespace gpu

@@ -119,16 +119,17 @@ int fused_map_masks(const int32_t* nbr, int64_t num_rows, int64_t kvol, int num_
 // offsets whose mask bit is clear in the whole tile skipped. Splits run one after the other (the first
 // overwrites y, later ones accumulate). x [n_in, cin], w [kvol, cin, cout], y [n_out, cout], dtype F32/F16/BF16.
 // mirror (one split): offset k reads column kvol - 1 - k of nbr, with masks / order over nbr's columns (dinput of
-// a mirrored map on its forward table and filters [kvol, cout, cin]).
+// a mirrored map on its forward table and filters [kvol, cout, cin]). tf32 (F32 only): the caller allows TF32
+// operands; where the build has the TF32 body (NVIDIA sm_80+) it runs instead of the SIMT one.
 int fused_conv_forward(DType t, const void* x, const void* w, const int32_t* nbr, const int32_t* masks,
                        const int32_t* order, int64_t n_out, int64_t kvol, int64_t cin, int64_t cout,
-                       int num_splits, void* y, void* stream, bool mirror = false);
+                       int num_splits, void* y, void* stream, bool mirror = false, bool tf32 = false);
 // dW[k] = sum over the pairs p of offset k of x[pair_in[p]]^T dy[pair_out[p]]; split-K over `splits`
 // chunks per offset into workspace [kvol, splits, cin, cout] (fp32), then a fixed-order reduction into
-// dw [kvol, cin, cout] of dtype t: deterministic, no atomics.
+// dw [kvol, cin, cout] of dtype t: deterministic, no atomics. tf32: as fused_conv_forward's.
 int fused_conv_dfilter(DType t, const void* x, const void* dy, const int32_t* pair_in, const int32_t* pair_out,
                        const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout, int splits,
-                       float* workspace, void* dw, void* stream);
+                       float* workspace, void* dw, void* stream, bool tf32 = false);
 // The split-K count of fused_conv_dfilter for npairs pairs (slice = kvol * cin * cout).
 int64_t fused_dfilter_split_count(int64_t npairs, int64_t kvol, int64_t slice);
 // fused_conv_dfilter from a neighbour table: the pairs of offset k are column k's entries >= 0 in row order
@@ -138,11 +139,13 @@ int64_t fused_dfilter_split_count(int64_t npairs, int64_t kvol, int64_t slice);
 // order. dw null: no filter gradient; wt (with w) non-null: also wt[k][co][ci] = w[k][ci][co].
 int fused_conv_dfilter_table(DType t, const void* x, const void* dy, const int32_t* table, int64_t rows,
                              bool rows_out, const int64_t* pair_offsets, int64_t kvol, int64_t cin, int64_t cout,
-                             int splits_max, float* workspace, void* dw, const void* w, void* wt, void* stream);
-// Which kernel body fused_conv_forward runs on the current device: *out (one int32 on the device) = 0 SIMT,
-// 1 WMMA, 2 MFMA for 16-bit dtypes, as compiled into the code the device runs; fused_body_name names it for t.
+                             int splits_max, float* workspace, void* dw, const void* w, void* wt, void* stream,
+                             bool tf32 = false);
+// Which kernel bodies fused_conv_forward runs on the current device, as compiled into the code the device runs
+// (two int32 on the device): out[0] for 16-bit dtypes 0 SIMT, 1 WMMA, 2 MFMA, 3 the pipelined sm_80 body;
+// out[1] 1 where FP32 has the TF32 body. fused_body_name names the one for t (tf32: the caller allows TF32).
 int fused_forward_body(int32_t* out, void* stream);
-const char* fused_body_name(DType t, int32_t body);
+const char* fused_body_name(DType t, const int32_t* body, bool tf32);
 
 // ---- grouped convolution (csrc/hip/grouped_conv.cu; section owner: groups) ----
 // Filters w [kvol, groups, cig, cog]; dtype t F32/F16/BF16/F64 with FP32 (F64: FP64) accumulation.

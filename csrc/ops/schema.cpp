@@ -126,13 +126,14 @@ SPCONV_SCHEMA(m) {
   m.def("fused_map_masks(Tensor nbr, int num_splits) -> (Tensor masks, Tensor order)");
   // out[r] = sum_k features[nbr[r, k]] @ filters[k]; float32/float16/bfloat16 with fp32 accumulation.
   // With map_info (of the map the tables were built from) the tables are trusted to be build_fused_map's.
+  // tf32 (here and below): float32 may take TF32 operands (the tensor-core body where the GPU has one).
   m.def(
-      "fused_conv(Tensor features, Tensor filters, Tensor nbr, Tensor masks, Tensor order, Tensor? map_info=None) "
-      "-> Tensor");
+      "fused_conv(Tensor features, Tensor filters, Tensor nbr, Tensor masks, Tensor order, Tensor? map_info=None, "
+      "bool tf32=False) -> Tensor");
   // dfilters[k] = sum over the pairs p of offset k of features[pair_in[p]]^T out_grad[pair_out[p]].
   m.def(
       "fused_conv_dfilter(Tensor features, Tensor out_grad, Tensor pair_in, Tensor pair_out, Tensor pair_offsets, "
-      "Tensor? map_info=None) -> Tensor");
+      "Tensor? map_info=None, bool tf32=False) -> Tensor");
   // The backward of fused_conv on tables, with no device->host copy given map_info (the forward map's record):
   // dx = fused_conv(out_grad, filters transposed, nbr, masks, order), nbr [num_in, kvol] the dinput table
   // (mirrored: the forward table of a mirrored map, one split, offset k reading column kvol - 1 - k);
@@ -142,9 +143,10 @@ SPCONV_SCHEMA(m) {
   m.def(
       "fused_conv_backward(Tensor features, Tensor filters, Tensor out_grad, Tensor nbr, Tensor masks, "
       "Tensor order, bool mirrored, Tensor dw_table, bool dw_by_output, Tensor pair_offsets, bool need_dx, "
-      "bool need_dw, Tensor? map_info=None) -> (Tensor dx, Tensor dw)");
-  // Which kernel body fused_conv runs for this tensor's device and dtype: reference, simt, wmma or mfma.
-  m.def("fused_conv_path(Tensor features) -> str");
+      "bool need_dw, Tensor? map_info=None, bool tf32=False) -> (Tensor dx, Tensor dw)");
+  // Which kernel body fused_conv runs for this tensor's device and dtype (and tf32): reference, simt, wmma, mfma,
+  // sm80 or tf32.
+  m.def("fused_conv_path(Tensor features, bool tf32=False) -> str");
   // ---- end fused route ----
 
   // ---- voxelization and hash table (section owner: voxel) ----

@@ -2,6 +2,8 @@
 import math
 from typing import Dict, List, Sequence
 
+import torch
+
 from spconv.benchmark.baseline import describe_peak
 from spconv.benchmark.flops import weighted_ratio
 from spconv.benchmark.results import Check, Measurement, Record
@@ -40,8 +42,11 @@ def format_table(headers: Sequence[str], rows: List[Sequence[str]], left: int = 
 
 
 def dtype_label(route: str, dtype: str) -> str:
-    """The dtype column: TF32 runs only on the native route; a fused tf32 row is plain FP32 (SIMT body)."""
-    return "tf32 (fp32: fused has no tf32)" if dtype == "tf32" and route == "fused" else dtype
+    """The dtype column: the fused route's TF32 bodies are NVIDIA's (sm_80+); elsewhere a fused tf32 row is plain
+    FP32 (the SIMT body)."""
+    if dtype == "tf32" and route == "fused" and not torch.version.cuda:
+        return "tf32 (fp32: no tf32 body here)"
+    return dtype
 
 
 def measurement_rows(ms: List[Measurement]) -> List[List[str]]:
@@ -152,8 +157,8 @@ def format_header(meta: Dict[str, object]) -> str:
              "route* = the route a plain model call takes here; GFLOP = useful FLOPs (2 x pairs x Cin x Cout per "
              "pass); vs mm = time of torch.mm on the same FLOPs / our time (1.0x = GEMM speed); of peak = GFLOP/s / the "
              "machine's peak measured in this run (the best of a 2048^3 torch.mm and, on a CPU, an FMA loop on the "
-             "kernels' widest vectors); tf32 runs only on "
-             "the native route (the fused route computes FP32 with FMA)"]
+             "kernels' widest vectors); tf32: FP32 with TF32 allowed (the fused route's TF32 bodies on NVIDIA "
+             "sm_80+, the native route's GEMMs)"]
     return "\n".join(lines)
 
 

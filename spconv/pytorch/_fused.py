@@ -24,7 +24,8 @@ How it works
   SubM map's pairs are never read by the fused route.
   Kernel bodies, picked by the compile target: SIMT FMA on every GPU; for fp16/bf16 WMMA tensor cores on NVIDIA
   sm_80+ (or the pipelined sm_80 bodies with SPCONV_FUSED_SM80=1, read by the launcher at every launch) and MFMA
-  on AMD gfx90a/gfx94x. ``torch.ops.spconv.fused_conv_path(x)`` tells which one runs.
+  on AMD gfx90a/gfx94x; for fp32 where TF32 is allowed (``allow_tf32``) the TF32 tensor-core body on NVIDIA
+  sm_80+. ``torch.ops.spconv.fused_conv_path(x, tf32)`` tells which one runs.
 
 Eligibility (``_route.fused_conv`` returns None otherwise and the caller takes the native route)
   * the features are on a GPU, the GPU kernels are built, and SPCONV_FORCE_NATIVE is not set (checked by
@@ -84,20 +85,20 @@ def _fused_map_masks_fake(nbr, num_splits):
 
 
 @_backend.register_fake("fused_conv")
-def _fused_conv_fake(features, filters, nbr, masks, order, map_info=None):
+def _fused_conv_fake(features, filters, nbr, masks, order, map_info=None, tf32=False):
     return features.new_empty((nbr.shape[0], filters.shape[2]))
 
 
 @_backend.register_fake("fused_conv_backward")
 def _fused_conv_backward_fake(features, filters, out_grad, nbr, masks, order, mirrored, dw_table, dw_by_output,
-                              pair_offsets, need_dx, need_dw, map_info=None):
+                              pair_offsets, need_dx, need_dw, map_info=None, tf32=False):
     dx = features.new_empty(features.shape if need_dx else (0,))
     dw = features.new_empty(filters.shape if need_dw else (0,))
     return dx, dw
 
 
 @_backend.register_fake("fused_conv_dfilter")
-def _fused_conv_dfilter_fake(features, out_grad, pair_in, pair_out, pair_offsets, map_info=None):
+def _fused_conv_dfilter_fake(features, out_grad, pair_in, pair_out, pair_offsets, map_info=None, tf32=False):
     return features.new_empty((pair_offsets.shape[0] - 1, features.shape[1], out_grad.shape[1]))
 
 
@@ -232,6 +233,16 @@ def _fits_int32(n) -> bool:
     return True
 
 
+def allow_tf32(features: torch.Tensor) -> bool:
+    """Whether an FP32 layer may take TF32 operands: spconv 2.x's switch (``spconv.constants.SPCONV_ALLOW_TF32``)
+    or torch's for FP32 matrix products (``torch.backends.cuda.matmul.allow_tf32``, which the native route's GEMMs
+    follow). Off by default in both; read at every call."""
+    if features.dtype != torch.float32:
+        return False
+    from spconv import constants
+    return bool(constants.SPCONV_ALLOW_TF32) or torch.backends.cuda.matmul.allow_tf32
+
+
 class FusedConvFunction(torch.autograd.Function):
     """out = fused_conv(features, filters) over ``maps``; backward: dinput on the reversed table, split-K dfilter."""
 
@@ -239,7 +250,8 @@ class FusedConvFunction(torch.autograd.Function):
     def forward(ctx, features, filters, maps, num_splits):
         channels = filters.shape[1] * filters.shape[2]
         nbr, masks, order = fused_tables(maps, num_splits, channels)
-        out = _backend.ops.fused_conv(features, filters, nbr, masks, order, table_info(maps))
+        tf32 = allow_tf32(features)
+        out = _backend.ops.fused_conv(features, filters, nbr, masks, order, table_info(maps), tf32)
         if ctx.needs_input_grad[0] and (getattr(maps, "in_table", None) is not None or masks.shape[0] > 1):
             # Dinput tables that are not this forward's (a regular conv's in->out table from its builder, a
             # mirrored map's reversed table) get their masks and order now, once per map, so that the backward
@@ -248,6 +260,7 @@ class FusedConvFunction(torch.autograd.Function):
         ctx.maps = maps
         ctx.num_splits = num_splits
         ctx.channels = channels
+        ctx.tf32 = tf32
         ctx.save_for_backward(features, filters)
         return out
 
@@ -264,15 +277,16 @@ class FusedConvFunction(torch.autograd.Function):
             nbr, masks, order, mirrored = (dinput_tables(maps, ctx.num_splits, ctx.channels) if need_dx else
                                            (table,) * 3 + (False,))
             dx, dw = _backend.ops.fused_conv_backward(features, filters, grad_out, nbr, masks, order, mirrored, table,
-                                                      by_output, maps.pair_offsets, need_dx, need_dw, table_info(maps))
+                                                      by_output, maps.pair_offsets, need_dx, need_dw, table_info(maps),
+                                                      ctx.tf32)
             return (dx if need_dx else None), (dw if need_dw else None), None, None
         dx = dw = None
         if ctx.needs_input_grad[0]:
             rev = _reversed(maps)
             nbr, masks, order = fused_tables(rev, ctx.num_splits, ctx.channels)
             dx = _backend.ops.fused_conv(grad_out, filters.transpose(1, 2).contiguous(), nbr, masks, order,
-                                         table_info(rev))
+                                         table_info(rev), ctx.tf32)
         if ctx.needs_input_grad[1]:
             dw = _backend.ops.fused_conv_dfilter(features, grad_out, maps.pair_in, maps.pair_out, maps.pair_offsets,
-                                                 map_info_of(maps))
+                                                 map_info_of(maps), ctx.tf32)
         return dx, dw, None, None

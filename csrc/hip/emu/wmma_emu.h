@@ -6,6 +6,11 @@
 //  * fragment<matrix_a | matrix_b, 16, 16, 16, __half | __nv_bfloat16, row_major | col_major> and
 //    fragment<accumulator, 16, 16, 16, float>; fill_fragment (accumulator), load_matrix_sync (operands), mma_sync
 //    (D = A * B + C, fp32 accumulation) and store_matrix_sync (accumulator, mem_row_major / mem_col_major).
+//  * The same for TF32: fragment<matrix_a, 16, 16, 8, precision::tf32, ...> (16 x 8), <matrix_b, 16, 16, 8, ...>
+//    (8 x 16), loaded from float, and fragment<accumulator, 16, 16, 8, float>; element access (num_elements,
+//    x[]) of the operand fragments, and __float_to_tf32 (cvt.rna.tf32.f32: to 10 mantissa bits, to nearest,
+//    ties away from zero). mma_sync requires operands that __float_to_tf32 made (the low 13 bits clear:
+//    checked, abort), whose products are exact in fp32.
 //  * Warps are 32 consecutive linear thread ids, as on NVIDIA (not HIP-CPU's 64-wide wavefront).
 //  * The element-to-thread mapping of a fragment is unspecified: here an operand fragment holds its whole
 //    tile in every lane, and lane l owns accumulator elements e = l + 32 t (t < 8, e = row * 16 + col).
@@ -19,7 +24,8 @@
 //    accumulator one at a time in k order, each add rounded to nearest even in fp32 (so FMA contraction
 //    cannot change the result). Subnormals are kept; NaN and Inf follow IEEE.
 //  * That every lane of the warp calls with the same arguments (undefined behaviour in CUDA) is not checked.
-//  * Other shapes and types, element access (x[], num_elements), accumulator loads, satfinite, tf32/int.
+//  * Other shapes and types, element access of the 16-bit and accumulator fragments, accumulator loads,
+//    satfinite, int.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +48,9 @@ namespace wmma {
 
 struct matrix_a {};
 struct matrix_b {};
+namespace precision {
+struct tf32 {};
+}  // namespace precision
 struct accumulator {};
 struct row_major {};
 struct col_major {};
@@ -149,13 +158,80 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment
   }
 }
 
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm,
+template <int K>
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, K, float>& f, unsigned ldm,
                               layout_t layout) {
   emu::check_ptr(p, ldm, 4);
   const int l = emu::lane();
   for (int t = 0; t < 8; ++t) {
     const int e = l + emu::kWarp * t, r = e / 16, n = e % 16;
     p[layout == mem_row_major ? r * ldm + n : n * ldm + r] = f.own[t];
+  }
+}
+
+// ---- TF32: m16n16k8 ----
+
+// cvt.rna.tf32.f32; Inf and NaN pass unchanged, a value rounding past the largest finite one becomes Inf.
+inline float __float_to_tf32(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & ~0x1fffu;  // half an ulp of tf32 on the magnitude
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+// matrix_a: the 16 x 8 tile, matrix_b: the 8 x 16 tile; x[] in logical row-major order of the tile.
+template <typename Use, typename Layout>
+class fragment<Use, 16, 16, 8, precision::tf32, Layout> {
+  static_assert(std::is_same<Use, matrix_a>::value || std::is_same<Use, matrix_b>::value, "operand fragment");
+  static_assert(std::is_same<Layout, row_major>::value || std::is_same<Layout, col_major>::value, "layout");
+
+ public:
+  static constexpr int kRows = std::is_same<Use, matrix_a>::value ? 16 : 8;
+  static constexpr int kCols = std::is_same<Use, matrix_a>::value ? 8 : 16;
+  static constexpr int num_elements = kRows * kCols;
+  float x[num_elements];
+};
+
+template <>
+class fragment<accumulator, 16, 16, 8, float, void> {
+ public:
+  float own[8];  // element lane + 32 t
+};
+
+inline void fill_fragment(fragment<accumulator, 16, 16, 8, float>& f, float value) {
+  for (float& e : f.own) e = value;
+}
+
+template <typename Use, typename Layout>
+inline void load_matrix_sync(fragment<Use, 16, 16, 8, precision::tf32, Layout>& f, const float* p, unsigned ldm) {
+  using F = fragment<Use, 16, 16, 8, precision::tf32, Layout>;
+  emu::check_ptr(p, ldm, 4);
+  constexpr bool row = std::is_same<Layout, row_major>::value;
+  for (int r = 0; r < F::kRows; ++r)
+    for (int c = 0; c < F::kCols; ++c) f.x[r * F::kCols + c] = p[row ? r * ldm + c : c * ldm + r];
+}
+
+namespace emu {
+inline float tf32_operand(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  if ((u & 0x1fffu) != 0 && (u & 0x7f800000u) != 0x7f800000u) fail("tf32 operand not made by __float_to_tf32");
+  return v;
+}
+}  // namespace emu
+
+template <typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 8, float>& d,
+                     const fragment<matrix_a, 16, 16, 8, precision::tf32, LA>& a,
+                     const fragment<matrix_b, 16, 16, 8, precision::tf32, LB>& b,
+                     const fragment<accumulator, 16, 16, 8, float>& c) {
+  const int l = emu::lane();
+  for (int t = 0; t < 8; ++t) {
+    const int e = l + emu::kWarp * t, r = e / 16, n = e % 16;
+    float s = c.own[t];
+    for (int k = 0; k < 8; ++k) s += emu::tf32_operand(a.x[r * 8 + k]) * emu::tf32_operand(b.x[k * 16 + n]);
+    d.own[t] = s;  // d may be c: element t was read above
   }
 }
 

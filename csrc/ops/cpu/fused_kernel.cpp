@@ -110,7 +110,8 @@ void fused_split(const acc_t* x, const acc_t* w, const int32_t* nb, const int32_
 }
 
 at::Tensor fused_conv_cpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr_arg,
-                          const at::Tensor& masks_arg, const at::Tensor& order_arg, const std::optional<at::Tensor>& map_info) {
+                          const at::Tensor& masks_arg, const at::Tensor& order_arg,
+                          const std::optional<at::Tensor>& map_info, bool /*tf32: the reference keeps FP32*/) {
   check_fused_conv_args(features, filters, nbr_arg, masks_arg, order_arg, /*allow_double=*/true);
   const int64_t n_out = nbr_arg.size(0), kvol = nbr_arg.size(1), cin = features.size(1), cout = filters.size(2);
   const int64_t splits = masks_arg.size(0);
@@ -134,7 +135,8 @@ at::Tensor fused_conv_cpu(const at::Tensor& features, const at::Tensor& filters,
 }
 
 at::Tensor fused_conv_dfilter_cpu(const at::Tensor& features, const at::Tensor& out_grad, const at::Tensor& pair_in,
-                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets, const std::optional<at::Tensor>& map_info) {
+                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                                  const std::optional<at::Tensor>& map_info, bool /*tf32*/) {
   check_fused_dfilter_args(features, out_grad, pair_in, pair_out, pair_offsets, /*allow_double=*/true);
   const int64_t kvol = pair_offsets.size(0) - 1, cin = features.size(1), cout = out_grad.size(1);
   const auto ct = features.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -160,7 +162,8 @@ at::Tensor fused_conv_dfilter_cpu(const at::Tensor& features, const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor> fused_conv_backward_cpu(
     const at::Tensor& features, const at::Tensor& filters, const at::Tensor& out_grad, const at::Tensor& nbr,
     const at::Tensor& masks, const at::Tensor& order, bool mirrored, const at::Tensor& dw_table, bool dw_by_output,
-    const at::Tensor& pair_offsets, bool need_dx, bool need_dw, const std::optional<at::Tensor>& map_info) {
+    const at::Tensor& pair_offsets, bool need_dx, bool need_dw, const std::optional<at::Tensor>& map_info,
+    bool /*tf32*/) {
   check_fused_backward_args(features, filters, out_grad, nbr, masks, order, mirrored, dw_table, dw_by_output,
                             pair_offsets, need_dx, /*allow_double=*/true);
   check_fused_backward_tables(nbr, order, dw_table, dw_by_output, features.size(0), out_grad.size(0), need_dx,
@@ -171,9 +174,9 @@ std::tuple<at::Tensor, at::Tensor> fused_conv_backward_cpu(
     if (mirrored) {
       at::Tensor rev = nbr.flip(1).contiguous();
       auto [m, o] = masks_and_order(rev, 1);
-      dx = fused_conv_cpu(out_grad, wt, rev, m, o, std::nullopt);
+      dx = fused_conv_cpu(out_grad, wt, rev, m, o, std::nullopt, false);
     } else {
-      dx = fused_conv_cpu(out_grad, wt, nbr, masks, order, std::nullopt);
+      dx = fused_conv_cpu(out_grad, wt, nbr, masks, order, std::nullopt, false);
     }
   }
   if (need_dw) {
@@ -183,13 +186,13 @@ std::tuple<at::Tensor, at::Tensor> fused_conv_backward_cpu(
     at::Tensor entries = t.masked_select(hit);
     at::Tensor counts = hit.sum(1);
     at::Tensor po = at::cat({at::zeros({1}, counts.options()), counts.cumsum(0)});
-    dw = dw_by_output ? fused_conv_dfilter_cpu(features, out_grad, entries, at_rows, po, std::nullopt)
-                      : fused_conv_dfilter_cpu(features, out_grad, at_rows, entries, po, std::nullopt);
+    dw = dw_by_output ? fused_conv_dfilter_cpu(features, out_grad, entries, at_rows, po, std::nullopt, false)
+                      : fused_conv_dfilter_cpu(features, out_grad, at_rows, entries, po, std::nullopt, false);
   }
   return {dx, dw};
 }
 
-std::string fused_conv_path_cpu(const at::Tensor&) { return "reference"; }
+std::string fused_conv_path_cpu(const at::Tensor&, bool) { return "reference"; }
 
 }  // namespace
 

@@ -65,7 +65,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_fused_map_gpu(const at::Ten
 }
 
 at::Tensor fused_conv_gpu(const at::Tensor& features, const at::Tensor& filters, const at::Tensor& nbr_arg,
-                          const at::Tensor& masks_arg, const at::Tensor& order_arg, const std::optional<at::Tensor>& map_info) {
+                          const at::Tensor& masks_arg, const at::Tensor& order_arg,
+                          const std::optional<at::Tensor>& map_info, bool tf32) {
   check_fused_conv_args(features, filters, nbr_arg, masks_arg, order_arg, /*allow_double=*/false);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
@@ -79,13 +80,15 @@ at::Tensor fused_conv_gpu(const at::Tensor& features, const at::Tensor& filters,
   check_launch(gpu::fused_conv_forward(gpu_dtype(x.scalar_type()), x.const_data_ptr(), w.const_data_ptr(),
                                        nbr.const_data_ptr<int32_t>(), masks.const_data_ptr<int32_t>(),
                                        order.const_data_ptr<int32_t>(), n_out, kvol, cin, cout,
-                                       static_cast<int>(masks.size(0)), y.mutable_data_ptr(), stream),
+                                       static_cast<int>(masks.size(0)), y.mutable_data_ptr(), stream,
+                                       /*mirror=*/false, tf32),
                "fused_conv_forward");
   return y;
 }
 
 at::Tensor fused_conv_dfilter_gpu(const at::Tensor& features, const at::Tensor& out_grad, const at::Tensor& pair_in,
-                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets, const std::optional<at::Tensor>& map_info) {
+                                  const at::Tensor& pair_out, const at::Tensor& pair_offsets,
+                                  const std::optional<at::Tensor>& map_info, bool tf32) {
   check_fused_dfilter_args(features, out_grad, pair_in, pair_out, pair_offsets, /*allow_double=*/false);
   c10::DeviceGuard guard(features.device());
   void* stream = current_stream(features.device());
@@ -104,7 +107,7 @@ at::Tensor fused_conv_dfilter_gpu(const at::Tensor& features, const at::Tensor& 
   check_launch(gpu::fused_conv_dfilter(gpu_dtype(x.scalar_type()), x.const_data_ptr(), dy.const_data_ptr(),
                                        pin.const_data_ptr<int32_t>(), pout.const_data_ptr<int32_t>(),
                                        po.const_data_ptr<int64_t>(), kvol, cin, cout, static_cast<int>(splits),
-                                       ws.mutable_data_ptr<float>(), dw.mutable_data_ptr(), stream),
+                                       ws.mutable_data_ptr<float>(), dw.mutable_data_ptr(), stream, tf32),
                "fused_conv_dfilter");
   return dw;
 }
@@ -116,7 +119,7 @@ std::tuple<at::Tensor, at::Tensor> fused_conv_backward_gpu(
     const at::Tensor& features, const at::Tensor& filters, const at::Tensor& out_grad, const at::Tensor& nbr_arg,
     const at::Tensor& masks_arg, const at::Tensor& order_arg, bool mirrored, const at::Tensor& dw_table_arg,
     bool dw_by_output, const at::Tensor& pair_offsets_arg, bool need_dx, bool need_dw,
-    const std::optional<at::Tensor>& map_info) {
+    const std::optional<at::Tensor>& map_info, bool tf32) {
   check_fused_backward_args(features, filters, out_grad, nbr_arg, masks_arg, order_arg, mirrored, dw_table_arg,
                             dw_by_output, pair_offsets_arg, need_dx, /*allow_double=*/false);
   c10::DeviceGuard guard(features.device());
@@ -139,7 +142,7 @@ std::tuple<at::Tensor, at::Tensor> fused_conv_backward_gpu(
                      dt, x.const_data_ptr(), dy.const_data_ptr(), table.const_data_ptr<int32_t>(), rows, dw_by_output,
                      po.const_data_ptr<int64_t>(), kvol, cin, cout, static_cast<int>(splits_max),
                      need_dw ? ws.mutable_data_ptr<float>() : nullptr, need_dw ? dw.mutable_data_ptr() : nullptr,
-                     w.const_data_ptr(), need_dx ? wt.mutable_data_ptr() : nullptr, stream),
+                     w.const_data_ptr(), need_dx ? wt.mutable_data_ptr() : nullptr, stream, tf32),
                  "fused_conv_dfilter_table");
   if (need_dx && x.size(0) > 0 && cin > 0) {
     if (dy.size(0) == 0 || cout == 0) {
@@ -148,21 +151,22 @@ std::tuple<at::Tensor, at::Tensor> fused_conv_backward_gpu(
       check_launch(gpu::fused_conv_forward(dt, dy.const_data_ptr(), wt.const_data_ptr(),
                                            nbr.const_data_ptr<int32_t>(), masks.const_data_ptr<int32_t>(),
                                            order.const_data_ptr<int32_t>(), x.size(0), kvol, cout, cin,
-                                           static_cast<int>(masks.size(0)), dx.mutable_data_ptr(), stream, mirrored),
+                                           static_cast<int>(masks.size(0)), dx.mutable_data_ptr(), stream, mirrored,
+                                           tf32),
                    "fused_conv_forward");
     }
   }
   return {dx, dw};
 }
 
-std::string fused_conv_path_gpu(const at::Tensor& features) {
+std::string fused_conv_path_gpu(const at::Tensor& features, bool tf32) {
   c10::DeviceGuard guard(features.device());
   const auto t = features.scalar_type();
   if (t != at::kFloat && t != at::kHalf && t != at::kBFloat16) return "unsupported";
-  at::Tensor body = at::empty({1}, features.options().dtype(at::kInt));
+  at::Tensor body = at::empty({2}, features.options().dtype(at::kInt));
   check_launch(gpu::fused_forward_body(body.mutable_data_ptr<int32_t>(), current_stream(features.device())),
                "fused_forward_body");
-  return gpu::fused_body_name(gpu_dtype(t), to_host(body).item<int32_t>());
+  return gpu::fused_body_name(gpu_dtype(t), to_host(body).const_data_ptr<int32_t>(), tf32);
 }
 
 }  // namespace
