@@ -95,9 +95,34 @@ def test_real_scan_basic_network_work():
     fwd, dx = flops.weighted_ratio(rows, "fused_fwd_mma"), flops.weighted_ratio(rows, "fused_dx_mma")
     assert fwd <= 1.3 and dx <= 1.3, (fwd, dx)
     assert flops.weighted_ratio(single, "fused_fwd_mma") > 1.5  # what the splits save
+    # A body that multiplies every row of its tiles (MFMA) computes the per-tile rows: its split policy (three
+    # above SPLIT_WORK) keeps them within 1.3 too, forward and dinput.
+    wide = []
+    for (mod, out), row in zip(convs, rows):
+        maps = out.indice_dict[mod.indice_key].maps
+        s = _fused.WIDE_SPLITS_MFMA if maps.num_out * mod.in_channels * mod.out_channels >= _fused.SPLIT_WORK else 1
+        wide.append(dict(row, tile=fused_work.table_work(*_fused.fused_tables(maps, s)).tile_ratio,
+                         dx_tile=fused_work.table_work(*_fused.dinput_tables(maps, s)[:3]).tile_ratio))
+    assert flops.weighted_ratio(wide, "tile") <= 1.3 and flops.weighted_ratio(wide, "dx_tile") <= 1.3
+    assert flops.weighted_ratio(rows, "fused_fwd_tile") > 1.3  # with two splits it would not be
     from spconv.benchmark.report import format_layers
     text = format_layers([dict(r, layer=str(i), ms=1.0) for i, r in enumerate(rows)])
     assert "forward %.2f / %.2f" % (flops.weighted_ratio(rows, "fused_fwd_tile"), fwd) in text
+
+
+@pytest.mark.hip_cpu
+@pytest.mark.parametrize("variant", ["simt", "wmma", "mfma", "sm80"])
+def test_wide_split_count_by_body(variant):
+    """Three splits above SPLIT_WORK where the 16-bit body multiplies every row of its tiles (the emulated MFMA
+    variant here; AMD gfx90a / gfx94x on a GPU), two elsewhere; below it one."""
+    from conftest import hip_cpu_library
+    cpu = torch.device("cpu")
+    assert _fused.wide_split_count(cpu) == 2  # the CPU reference route
+    with _backend.gpu_code_on_cpu(hip_cpu_library(variant).name):
+        wide = _fused.wide_split_count(cpu)
+        assert wide == (_fused.WIDE_SPLITS_MFMA if variant == "mfma" else 2)
+        assert _fused.split_count(27, 0, _fused.SPLIT_WORK, cpu) == wide
+        assert _fused.split_count(27, 0, _fused.SPLIT_WORK - 1, cpu) == 1
 
 
 @pytest.fixture

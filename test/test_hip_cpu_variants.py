@@ -122,6 +122,16 @@ def test_fused_sm80_switch(variant, setting, monkeypatch):
             assert torch.equal(g.view(torch.int16), r.view(torch.int16)), what
 
 
+@pytest.mark.parametrize("variant", EMULATED)
+def test_three_splits_same_bits_as_simt(variant):
+    """Three mask splits (the MFMA body's policy above SPLIT_WORK, _fused.WIDE_SPLITS_MFMA): the third pass adds
+    to the first two as the second does to the first, with the SIMT body's bits."""
+    simt, _ = run_fused(hip_cpu_library("simt"), "wide", torch.float16, splits=3)
+    got, _ = run_fused(hip_cpu_library(variant), "wide", torch.float16, splits=3)
+    for what, g, r in zip(("forward", "dinput", "dfilter"), got, simt):
+        assert torch.equal(g.view(torch.int16), r.view(torch.int16)), what
+
+
 def test_tf32_switches(monkeypatch):
     """A model's FP32 layer takes the TF32 body, forward and backward, where spconv's switch
     (constants.SPCONV_ALLOW_TF32, set after import as spconv 2.x users do) or torch's

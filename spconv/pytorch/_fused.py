@@ -9,7 +9,7 @@ How it works
   slice, accumulating in fp32 registers. Each output is written once: no atomics, deterministic. The mask can
   be split in two or more (``num_splits``): each split has its own row order over its share of the offsets,
   and the splits run one after another (the first writes, the next ones add). A large layer takes two
-  (``split_count``, ``SPLIT_WORK``). Inside a tile, a WMMA warp whose 16 rows have no source at an offset skips
+  (``split_count``, ``SPLIT_WORK``), three on a body that multiplies every row of its tiles (MFMA). Inside a tile, a WMMA warp whose 16 rows have no source at an offset skips
   its multiplies there (docs/routes.md, "Work of the fused route").
   dinput is the same kernel on the reversed map (the table of ``maps.reversed()``) with filters transposed to
   ``[kvol, Cout, Cin]``; dfilter is a per-offset gathered GEMM ``X^T dY`` with split-K partials reduced in a
@@ -45,6 +45,7 @@ Tables are cached in ``maps.cache`` (so layers sharing an ``indice_key`` build t
   ``maps.cache["fused_map_s{S}"] = (nbr, masks, order)`` for the forward, and the same key in
   ``maps.reversed().cache`` for dinput (which is also the forward table of the inverse convolution).
 """
+import functools
 from types import SimpleNamespace
 from typing import Optional, Tuple
 
@@ -67,6 +68,11 @@ MAX_CHANNELS = 16384
 # extra read and write. Smaller layers keep one split (and the map builder's tables).
 SPLIT_WORK = 1 << 27
 MAX_SPLITS = 4
+# Above SPLIT_WORK, a body that multiplies every row of its tiles (MFMA: it cannot skip a row group without
+# moving its accumulators between register files on this compiler) takes three splits: on the real scan's basic
+# network its computed rows per useful pair go from 1.40 to 1.24 (the bodies that skip idle row groups: 1.24 with
+# two, 1.13 with three, which a third pass over the output does not pay for).
+WIDE_SPLITS_MFMA = 3
 
 
 # ---- fake kernels: shapes only, for torch.compile / torch.export / opcheck ----
@@ -115,12 +121,35 @@ def _reversed(maps):
     return cached
 
 
-def split_count(kvol: int, num_splits: int = 0, work=0) -> int:
-    """The mask splits of the tables of a kernel volume: ``num_splits`` when asked for, else two for a layer whose
-    rows x Cin x Cout (``work``) reaches SPLIT_WORK and one otherwise. A traced graph whose row count is symbolic
-    takes one split unless every count it allows reaches SPLIT_WORK: a guard on the count would specialize it."""
+@functools.lru_cache(maxsize=None)
+def _multiplies_every_row(library: str, device: torch.device) -> bool:
+    """Whether the 16-bit body of ``library`` (the op namespace) on ``device`` multiplies every row of its tiles:
+    MFMA on AMD gfx90a / gfx94x, and the HIP CPU build's emulated MFMA variant. A host-side query, no launch."""
+    if device.type == "cpu":
+        return library.endswith("_mfma")
+    if device.type == "cuda" and torch.version.hip:
+        arch = getattr(torch.cuda.get_device_properties(device), "gcnArchName", "")
+        return arch.startswith(("gfx90a", "gfx94"))
+    return False
+
+
+def wide_split_count(device: Optional[torch.device] = None) -> int:
+    """The mask splits of a layer whose work reaches SPLIT_WORK: WIDE_SPLITS_MFMA where the body multiplies every
+    row of its tiles, else two."""
+    if device is not None and device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device is not None and _multiplies_every_row(_backend.ops.namespace, device):
+        return WIDE_SPLITS_MFMA
+    return 2
+
+
+def split_count(kvol: int, num_splits: int = 0, work=0, device: Optional[torch.device] = None) -> int:
+    """The mask splits of the tables of a kernel volume: ``num_splits`` when asked for, else, for a layer whose
+    rows x Cin x Cout (``work``) reaches SPLIT_WORK, ``wide_split_count(device)`` (two, or three for the bodies
+    that multiply every row of a tile) and one otherwise. A traced graph whose row count is symbolic takes one
+    split unless every count it allows reaches SPLIT_WORK: a guard on the count would specialize it."""
     if not num_splits:
-        num_splits = 2 if statically_known_true(work >= SPLIT_WORK) else 1
+        num_splits = wide_split_count(device) if statically_known_true(work >= SPLIT_WORK) else 1
     return max(1, min(num_splits, kvol, MAX_SPLITS))
 
 
@@ -139,7 +168,7 @@ def fused_tables(maps, num_splits: int = 0, channels=0) -> Tuple[torch.Tensor, t
     """(nbr, masks, order) of ``maps`` (outputs as rows), built once per split count and cached in
     ``maps.cache``; ``channels`` (Cin x Cout) picks the split count when ``num_splits`` is 0."""
     kvol = maps.pair_offsets.shape[0] - 1
-    s = split_count(kvol, num_splits, maps.num_out * channels)
+    s = split_count(kvol, num_splits, maps.num_out * channels, maps.pair_offsets.device)
     key = table_cache_key(s)
     tables = maps.cache.get(key)
     if tables is None:
@@ -176,7 +205,7 @@ def dinput_tables(maps, num_splits: int = 0, channels=0):
     the pairs)."""
     table = getattr(maps, "out_table", None)
     if table is not None and _mirrored(maps):
-        s = split_count(table.shape[1], num_splits, maps.num_in * channels)
+        s = split_count(table.shape[1], num_splits, maps.num_in * channels, table.device)
         if s == 1:
             return (*fused_tables(maps, 1), True)
         key = "fused_dinput_s%d" % s
