@@ -789,22 +789,68 @@ __device__ __forceinline__ void df_stash_16bit_t(const DfArgs& a, const DfState&
   }
 }
 
+// This thread's 16-byte pieces of x and dy (channels c.. of the tile) for pair q of the block's split; zeros past
+// the split's end or the tile's channels. Registers only: no array of the thread's is addressed.
+__device__ __forceinline__ void df_pair_pieces(const DfArgs& a, const DfTile& t, int64_t q, int c, uint4& va,
+                                               uint4& vb) {
+  const bool in = q < t.pe;
+  const int32_t ri = in ? a.pair_in[q] : -1, ro = in ? a.pair_out[q] : -1;
+  va = make_uint4(0u, 0u, 0u, 0u);
+  vb = va;
+  if (ri >= 0 && t.ci0 + c < a.cin)
+    va = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t(ri) * a.cin + t.ci0 + c);
+  if (ro >= 0 && t.co0 + c < a.cout)
+    vb = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.dy) + int64_t(ro) * a.cout + t.co0 + c);
+}
+
+// Pairs mode with 16-byte loads, pipelined: each thread reads its pair's rows (pair p0 + tid / 8, channels
+// (tid % 8) * 8: one 16-byte piece of x and of dy) straight from the pair arrays, one step ahead into registers,
+// and stores them transposed into the other of two LDS buffers after the step's MFMAs; one barrier per step (a
+// buffer is stored again two steps after it was read, past the barrier between). The same pairs, steps and
+// K order as the staged loop of dfilter_mfma.
+template <typename T>
+__device__ __forceinline__ void dfilter_mfma_pairs(const DfArgs& a, const DfTile& t, MfmaShared& sm, int wave,
+                                                   int lr, int lq, mfma_float4 (&acc)[4]) {
+  const int p = threadIdx.x / 8, c = (threadIdx.x % 8) * 8;
+  uint4 va = make_uint4(0u, 0u, 0u, 0u), vb = va;
+  if (t.pb < t.pe) df_pair_pieces(a, t, t.pb + p, c, va, vb);
+  int buf = 0;
+  for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP, buf ^= 1) {
+    MfmaTile<BP>& b = sm.shallow[buf];
+    const uint32_t wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // stored transposed: b.a[ci][p], b.bt[co][p]
+      b.a[c + 2 * i][p] = static_cast<uint16_t>(wa[i]);
+      b.a[c + 2 * i + 1][p] = static_cast<uint16_t>(wa[i] >> 16);
+      b.bt[c + 2 * i][p] = static_cast<uint16_t>(wb[i]);
+      b.bt[c + 2 * i + 1][p] = static_cast<uint16_t>(wb[i] >> 16);
+    }
+    __syncthreads();  // the step's tile is stored; the other buffer's last reads are done
+    if (p0 + BP < t.pe) df_pair_pieces(a, t, p0 + BP + p, c, va, vb);  // in flight during the multiplies
+    mfma_multiply<T>(b, wave, lr, lq, acc);
+  }
+}
+
 template <typename T>
 __device__ void dfilter_mfma(const DfArgs& a) {
   __shared__ DfState st;
-  __shared__ MfmaShared sm;  // one buffer, then the epilogue's tile
+  __shared__ MfmaShared sm;  // the step tiles, then the epilogue's tile
   const DfTile t = df_tile(a);
   if (t.s >= t.splits) return;  // table mode: past the device's split count
   const int wave = threadIdx.x / 64, lane = threadIdx.x % 64, lr = lane % 16, lq = lane / 16;
   mfma_float4 acc[4];
   for (int f = 0; f < 4; ++f) acc[f] = mfma_float4{0.f, 0.f, 0.f, 0.f};
-  df_begin(a, t, st);
-  for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {  // (df_next starts with a barrier: the last step is read)
-    df_stash_16bit_t(a, st, t, sm.shallow[0]);
-    __syncthreads();
-    mfma_multiply<T>(sm.shallow[0], wave, lr, lq, acc);
+  if (!a.table && a.vec) {
+    dfilter_mfma_pairs<T>(a, t, sm, wave, lr, lq, acc);
+  } else {  // table mode (a block-wide scan stages each step's pairs) and element loads
+    df_begin(a, t, st);
+    for (int64_t p0 = t.pb; df_next(a, t, st, p0);) {  // (df_next starts with a barrier: the last step is read)
+      df_stash_16bit_t(a, st, t, sm.shallow[0]);
+      __syncthreads();
+      mfma_multiply<T>(sm.shallow[0], wave, lr, lq, acc);
+    }
   }
-  __syncthreads();  // every wave is done with the buffer the epilogue's tile overlaps
+  __syncthreads();  // every wave is done with the buffers the epilogue's tile overlaps
   mfma_store(acc, sm.c, wave, lr, lq);
   df_store(a, t, &sm.c[0][0], BN + 4);
 }
