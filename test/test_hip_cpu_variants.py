@@ -158,8 +158,12 @@ def test_tf32_switches(monkeypatch):
     monkeypatch.setattr(constants, "SPCONV_ALLOW_TF32", True)
     by_spconv = run("wmma")
     monkeypatch.setattr(constants, "SPCONV_ALLOW_TF32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    by_torch = run("wmma")
+    old = torch.backends.cuda.matmul.allow_tf32  # a property object: set and restored by hand, not monkeypatched
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        by_torch = run("wmma")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
     for what, a, b, w, f in zip(("forward", "dinput", "dfilter"), by_spconv, by_torch, want, fp32):
         assert torch.equal(a, w) and torch.equal(b, w), what
         assert not torch.equal(a, f), what  # the operands were rounded
