@@ -1270,31 +1270,36 @@ inline int vector_loads_ok(bool k16, int64_t cin, int64_t cout, const void* p, c
 #endif
 }
 
-// The instantiation a launch takes: the opted-into one where this build holds it and the launch asks for it.
-template <typename T>
-auto forward_kernel(bool tf32) {
+// Whether this build holds the opted-into instantiation for T (FP32: the TF32 bodies; 16-bit: the pipelined
+// sm_80 ones), and whether a launch takes it. Where the build does not hold it, it is never instantiated.
 #if defined(SPCONV_HAS_PIPELINED)
-  if constexpr (!std::is_same<T, float>::value)
-    if (fused_pipelined()) return &fused_forward_kernel<T, true>;
+constexpr bool kHasPipelined = true;
+#else
+constexpr bool kHasPipelined = false;
 #endif
 #if defined(SPCONV_HAS_TF32)
-  if constexpr (std::is_same<T, float>::value)
-    if (fused_tf32(tf32)) return &fused_forward_kernel<T, true>;
+constexpr bool kHasTf32 = true;
+#else
+constexpr bool kHasTf32 = false;
 #endif
-  (void)tf32;
+template <typename T>
+constexpr bool kHasOptIn = std::is_same<T, float>::value ? kHasTf32 : kHasPipelined;
+template <typename T>
+bool takes_opt_in(bool tf32) {
+  return std::is_same<T, float>::value ? fused_tf32(tf32) : fused_pipelined();
+}
+
+// The instantiation a launch takes.
+template <typename T>
+auto forward_kernel(bool tf32) {
+  if constexpr (kHasOptIn<T>)
+    if (takes_opt_in<T>(tf32)) return &fused_forward_kernel<T, true>;
   return &fused_forward_kernel<T, false>;
 }
 template <typename T>
 auto dfilter_kernel_for(bool tf32) {
-#if defined(SPCONV_HAS_PIPELINED)
-  if constexpr (!std::is_same<T, float>::value)
-    if (fused_pipelined()) return &dfilter_kernel<T, true>;
-#endif
-#if defined(SPCONV_HAS_TF32)
-  if constexpr (std::is_same<T, float>::value)
-    if (fused_tf32(tf32)) return &dfilter_kernel<T, true>;
-#endif
-  (void)tf32;
+  if constexpr (kHasOptIn<T>)
+    if (takes_opt_in<T>(tf32)) return &dfilter_kernel<T, true>;
   return &dfilter_kernel<T, false>;
 }
 
