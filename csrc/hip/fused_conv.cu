@@ -761,25 +761,43 @@ __device__ void dfilter_tf32(const DfArgs& a) {
 #endif
 
 #if defined(SPCONV_DEVICE_MFMA)
+// This thread's 16-byte pieces of x and dy (channels c.. of the tile) for the pair (ri, ro); zeros for -1 or past
+// the tile's channels. Registers only: no array of the thread's is addressed.
+__device__ __forceinline__ void df_pair_pieces(const DfArgs& a, const DfTile& t, int32_t ri, int32_t ro, int c,
+                                               uint4& va, uint4& vb) {
+  va = make_uint4(0u, 0u, 0u, 0u);
+  vb = va;
+  if (ri >= 0 && t.ci0 + c < a.cin)
+    va = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t(ri) * a.cin + t.ci0 + c);
+  if (ro >= 0 && t.co0 + c < a.cout)
+    vb = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.dy) + int64_t(ro) * a.cout + t.co0 + c);
+}
+
+// Pair p's pieces (channels c..c+7) stored transposed: b.a[ci][p], b.bt[co][p].
+__device__ __forceinline__ void df_stash_pieces_t(MfmaTile<BP>& b, int p, int c, const uint4& va, const uint4& vb) {
+  const uint32_t wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    b.a[c + 2 * i][p] = static_cast<uint16_t>(wa[i]);
+    b.a[c + 2 * i + 1][p] = static_cast<uint16_t>(wa[i] >> 16);
+    b.bt[c + 2 * i][p] = static_cast<uint16_t>(wb[i]);
+    b.bt[c + 2 * i + 1][p] = static_cast<uint16_t>(wb[i] >> 16);
+  }
+}
+
 // A step's gathered x rows and dy rows stored transposed (b.a[ci][p], b.bt[co][p]): dW tile = X^T DY is then
 // fused_conv_mfma.cuh's product, K = the step's BP pairs, each operand one 64-bit LDS read.
 __device__ __forceinline__ void df_stash_16bit_t(const DfArgs& a, const DfState& st, const DfTile& t,
                                                  MfmaTile<BP>& b) {
-  const uint16_t* x = static_cast<const uint16_t*>(a.x);
-  const uint16_t* dy = static_cast<const uint16_t*>(a.dy);
   const int tid = threadIdx.x;
   if (a.vec) {  // BP * 64 / 8 == kThreads vectors per tile
     const int p = tid / 8, c = (tid % 8) * 8;
-    const int32_t ri = st.in[p], ro = st.out[p];
-    alignas(16) uint16_t va[8];
-    alignas(16) uint16_t vb[8];
-    copy8_or_zero(va, ri >= 0 && t.ci0 + c < a.cin ? x + int64_t(ri) * a.cin + t.ci0 + c : nullptr);
-    copy8_or_zero(vb, ro >= 0 && t.co0 + c < a.cout ? dy + int64_t(ro) * a.cout + t.co0 + c : nullptr);
-    for (int i = 0; i < 8; ++i) {
-      b.a[c + i][p] = va[i];
-      b.bt[c + i][p] = vb[i];
-    }
+    uint4 va, vb;
+    df_pair_pieces(a, t, st.in[p], st.out[p], c, va, vb);
+    df_stash_pieces_t(b, p, c, va, vb);
   } else {
+    const uint16_t* x = static_cast<const uint16_t*>(a.x);
+    const uint16_t* dy = static_cast<const uint16_t*>(a.dy);
     for (int e = tid; e < BP * 64; e += kThreads) {
       const int p = e / 64, c = e % 64;
       const int32_t ri = st.in[p], ro = st.out[p];
@@ -787,20 +805,6 @@ __device__ __forceinline__ void df_stash_16bit_t(const DfArgs& a, const DfState&
       b.bt[c][p] = (ro >= 0 && t.co0 + c < a.cout) ? dy[int64_t(ro) * a.cout + t.co0 + c] : uint16_t(0);
     }
   }
-}
-
-// This thread's 16-byte pieces of x and dy (channels c.. of the tile) for pair q of the block's split; zeros past
-// the split's end or the tile's channels. Registers only: no array of the thread's is addressed.
-__device__ __forceinline__ void df_pair_pieces(const DfArgs& a, const DfTile& t, int64_t q, int c, uint4& va,
-                                               uint4& vb) {
-  const bool in = q < t.pe;
-  const int32_t ri = in ? a.pair_in[q] : -1, ro = in ? a.pair_out[q] : -1;
-  va = make_uint4(0u, 0u, 0u, 0u);
-  vb = va;
-  if (ri >= 0 && t.ci0 + c < a.cin)
-    va = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + int64_t(ri) * a.cin + t.ci0 + c);
-  if (ro >= 0 && t.co0 + c < a.cout)
-    vb = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.dy) + int64_t(ro) * a.cout + t.co0 + c);
 }
 
 // Pairs mode with 16-byte loads, pipelined: each thread reads its pair's rows (pair p0 + tid / 8, channels
@@ -812,22 +816,19 @@ template <typename T>
 __device__ __forceinline__ void dfilter_mfma_pairs(const DfArgs& a, const DfTile& t, MfmaShared& sm, int wave,
                                                    int lr, int lq, mfma_float4 (&acc)[4]) {
   const int p = threadIdx.x / 8, c = (threadIdx.x % 8) * 8;
+  // This thread's pieces of the step at pair p0 (zeros past the split's end).
+  auto fetch = [&](int64_t p0, uint4& va, uint4& vb) {
+    const int64_t q = p0 + p;
+    df_pair_pieces(a, t, q < t.pe ? a.pair_in[q] : -1, q < t.pe ? a.pair_out[q] : -1, c, va, vb);
+  };
   uint4 va = make_uint4(0u, 0u, 0u, 0u), vb = va;
-  if (t.pb < t.pe) df_pair_pieces(a, t, t.pb + p, c, va, vb);
+  if (t.pb < t.pe) fetch(t.pb, va, vb);
   int buf = 0;
   for (int64_t p0 = t.pb; p0 < t.pe; p0 += BP, buf ^= 1) {
-    MfmaTile<BP>& b = sm.shallow[buf];
-    const uint32_t wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // stored transposed: b.a[ci][p], b.bt[co][p]
-      b.a[c + 2 * i][p] = static_cast<uint16_t>(wa[i]);
-      b.a[c + 2 * i + 1][p] = static_cast<uint16_t>(wa[i] >> 16);
-      b.bt[c + 2 * i][p] = static_cast<uint16_t>(wb[i]);
-      b.bt[c + 2 * i + 1][p] = static_cast<uint16_t>(wb[i] >> 16);
-    }
+    df_stash_pieces_t(sm.shallow[buf], p, c, va, vb);
     __syncthreads();  // the step's tile is stored; the other buffer's last reads are done
-    if (p0 + BP < t.pe) df_pair_pieces(a, t, p0 + BP + p, c, va, vb);  // in flight during the multiplies
-    mfma_multiply<T>(b, wave, lr, lq, acc);
+    if (p0 + BP < t.pe) fetch(p0 + BP, va, vb);  // in flight during the multiplies
+    mfma_multiply<T>(sm.shallow[buf], wave, lr, lq, acc);
   }
 }
 
@@ -1221,13 +1222,17 @@ inline int vector_loads_ok(bool k16, int64_t cin, int64_t cout, const void* p, c
 }
 
 // Builds whose fused kernels hold the pipelined sm_80 bodies: CUDA (in the code for sm_80 and later) and the
-// emulated sm80 variant; the TF32 body: CUDA (the same code) and the emulated WMMA variant. Elsewhere only the
-// other instantiation exists.
+// emulated sm80 variant; the TF32 bodies: CUDA (the same code) and the emulated WMMA variant. Elsewhere only the
+// other instantiation exists and is ever instantiated.
 #if defined(SPCONV_CUDA) || defined(SPCONV_EMULATE_SM80)
-#define SPCONV_HAS_PIPELINED 1
+constexpr bool kHasPipelined = true;
+#else
+constexpr bool kHasPipelined = false;
 #endif
 #if defined(SPCONV_CUDA) || defined(SPCONV_EMULATE_WMMA)
-#define SPCONV_HAS_TF32 1
+constexpr bool kHasTf32 = true;
+#else
+constexpr bool kHasTf32 = false;
 #endif
 
 // Whether the current device runs code for sm_80 or later (CUDA builds; older devices have no such code, and
@@ -1248,16 +1253,13 @@ inline int vector_loads_ok(bool k16, int64_t cin, int64_t cout, const void* p, c
 // =0 refuses them, read at every launch (a switch for checks and measurements, no rebuild); unset, the build's
 // default: on in the emulated sm80 variant (its only tensor-core body), off on NVIDIA GPUs, where WMMA stays the
 // default until the pipelined bodies have run on one.
-[[maybe_unused]] bool fused_pipelined() {
-#if defined(SPCONV_HAS_PIPELINED)
+bool fused_pipelined() {
+  if constexpr (!kHasPipelined) return false;
   const char* env = std::getenv("SPCONV_FUSED_SM80");
 #if defined(SPCONV_EMULATE_SM80)
   return !(env && env[0] == '0');
 #else
   return env && env[0] == '1' && device_sm80();
-#endif
-#else
-  return false;
 #endif
 }
 
@@ -1271,17 +1273,7 @@ inline int vector_loads_ok(bool k16, int64_t cin, int64_t cout, const void* p, c
 }
 
 // Whether this build holds the opted-into instantiation for T (FP32: the TF32 bodies; 16-bit: the pipelined
-// sm_80 ones), and whether a launch takes it. Where the build does not hold it, it is never instantiated.
-#if defined(SPCONV_HAS_PIPELINED)
-constexpr bool kHasPipelined = true;
-#else
-constexpr bool kHasPipelined = false;
-#endif
-#if defined(SPCONV_HAS_TF32)
-constexpr bool kHasTf32 = true;
-#else
-constexpr bool kHasTf32 = false;
-#endif
+// sm_80 ones), and whether a launch takes it.
 template <typename T>
 constexpr bool kHasOptIn = std::is_same<T, float>::value ? kHasTf32 : kHasPipelined;
 template <typename T>
@@ -1490,11 +1482,9 @@ __global__ void forward_body_kernel(int32_t* out) {
 }  // namespace
 
 int fused_forward_body(int32_t* out, void* stream) {
-#if defined(SPCONV_HAS_PIPELINED)
-  const auto kernel = fused_pipelined() ? &forward_body_kernel<true> : &forward_body_kernel<false>;
-#else
-  const auto kernel = &forward_body_kernel<false>;
-#endif
+  auto kernel = &forward_body_kernel<false>;
+  if constexpr (kHasPipelined)
+    if (fused_pipelined()) kernel = &forward_body_kernel<true>;
   launch_kernel(kernel, dim3(1), dim3(1), 0, static_cast<hipStream_t>(stream), out);
   return last_launch_error();
 }

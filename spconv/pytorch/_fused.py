@@ -9,8 +9,9 @@ How it works
   slice, accumulating in fp32 registers. Each output is written once: no atomics, deterministic. The mask can
   be split in two or more (``num_splits``): each split has its own row order over its share of the offsets,
   and the splits run one after another (the first writes, the next ones add). A large layer takes two
-  (``split_count``, ``SPLIT_WORK``), three on a body that multiplies every row of its tiles (MFMA). Inside a tile, a WMMA warp whose 16 rows have no source at an offset skips
-  its multiplies there (docs/routes.md, "Work of the fused route").
+  (``split_count``, ``SPLIT_WORK``), three on a body that multiplies every row of its tiles (MFMA). Inside a
+  tile, a WMMA or pipelined sm_80 warp whose 16 rows have no source at an offset skips its multiplies there
+  (docs/routes.md, "Work of the fused route").
   dinput is the same kernel on the reversed map (the table of ``maps.reversed()``) with filters transposed to
   ``[kvol, Cout, Cin]``; dfilter is a per-offset gathered GEMM ``X^T dY`` with split-K partials reduced in a
   fixed order (deterministic, no atomics).
@@ -53,7 +54,7 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
-from spconv import _backend  # loads the extension, which defines the ops; _backend.ops calls them
+from spconv import _backend, constants  # _backend loads the extension, which defines the ops
 from spconv.pytorch._maps import MAP_MIRRORED, map_info_of
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -268,7 +269,6 @@ def allow_tf32(features: torch.Tensor) -> bool:
     follow). Off by default in both; read at every call."""
     if features.dtype != torch.float32:
         return False
-    from spconv import constants
     return bool(constants.SPCONV_ALLOW_TF32) or torch.backends.cuda.matmul.allow_tf32
 
 
